@@ -1,0 +1,88 @@
+"""The ASGI application: its lifespan owns the HTTP client, the upstreams and the meter writer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from boundedcode_gateway.config import GatewayConfig
+from boundedcode_gateway.ingress.render import Receive, Send, send_json
+from boundedcode_gateway.ingress.routes import Router
+from boundedcode_gateway.metering.writer import MeterWriter
+from boundedcode_gateway.providers.base import Upstream
+from boundedcode_gateway.providers.http import HttpClient, Timeouts
+from boundedcode_gateway.providers.registry import build_upstreams
+from boundedcode_gateway.service import GatewayService
+
+log = logging.getLogger(__name__)
+
+
+class GatewayApp:
+    """ASGI callable; ``startup()``/``shutdown()`` also run from the ASGI lifespan."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.http = HttpClient(
+            Timeouts(config.inference.connect_timeout_s, config.inference.read_timeout_s)
+        )
+        self.upstreams: dict[str, Upstream] = build_upstreams(config, self.http)
+        self.writer = MeterWriter(config.calls_path, config.ledger_path)
+        self.service = GatewayService(self.upstreams, self.http, self.writer)
+        self.router = Router(self.service, config.max_body_bytes)
+        self._started = False
+
+    async def startup(self) -> None:
+        """Start the meter writer and learn each model's capabilities (failures are not fatal)."""
+        if self._started:
+            return
+        self._started = True
+        self.writer.start()
+        results = await asyncio.gather(
+            *(u.capabilities() for u in self.upstreams.values()), return_exceptions=True
+        )
+        for name, result in zip(self.upstreams, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("model %s: capabilities not known yet: %s", name, result)
+
+    async def shutdown(self) -> None:
+        """Close upstream connections and write every call still queued."""
+        for upstream in self.upstreams.values():
+            await upstream.close()
+        await self.http.close()
+        await asyncio.to_thread(self.writer.close)
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            if not self._started:
+                await send_json(
+                    send,
+                    503,
+                    b'{"error":{"message":"starting","type":"server_error",'
+                    b'"param":null,"code":"starting"}}',
+                )
+                return
+            await self.router(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def create_app(config: GatewayConfig) -> GatewayApp:
+    """The gateway as an ASGI application for ``config``."""
+    return GatewayApp(config)

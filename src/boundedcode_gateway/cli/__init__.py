@@ -1,0 +1,1 @@
+"""The ``boundedcode-gateway`` command line: one module per subcommand."""

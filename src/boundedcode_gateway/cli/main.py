@@ -1,0 +1,69 @@
+"""The ``boundedcode-gateway`` command: argument parsing and dispatch to the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+
+from boundedcode_gateway.config import GatewayConfig, load_config, parse_config
+from boundedcode_gateway.errors import ConfigError
+
+CONFIG_ENV = "BOUNDEDCODE_GATEWAY_CONFIG"
+LOCAL_CONFIG = Path("gateway.yaml")
+EXIT_CONFIG = 2
+
+
+def resolve_config(path: str | None) -> GatewayConfig:
+    """``--config``, else $BOUNDEDCODE_GATEWAY_CONFIG, else ./gateway.yaml, else the default."""
+    chosen = path or os.environ.get(CONFIG_ENV)
+    if chosen:
+        return load_config(chosen)
+    if LOCAL_CONFIG.is_file():
+        return load_config(LOCAL_CONFIG)
+    text = resources.files("boundedcode_gateway").joinpath("default_config.yaml").read_text()
+    return parse_config(text, "<embedded default>")
+
+
+def _parser() -> argparse.ArgumentParser:
+    from boundedcode_gateway.cli.serve import DEFAULT_HOST, DEFAULT_PORT
+
+    parser = argparse.ArgumentParser(prog="boundedcode-gateway", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", help="YAML configuration file")
+    serve.add_argument("--host", default=DEFAULT_HOST)
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT)
+    check = sub.add_parser("check-config", help="validate a configuration file and exit")
+    check.add_argument("--config")
+    calls = sub.add_parser("calls", help="print recent calls as a table")
+    calls.add_argument("--config")
+    calls.add_argument("--task")
+    calls.add_argument("--last", type=int, default=20)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console command."""
+    args = _parser().parse_args(argv)
+    try:
+        config = resolve_config(args.config)
+        if args.command == "serve":
+            from boundedcode_gateway.cli.serve import run_serve
+
+            return run_serve(config, args.host, args.port)
+        if args.command == "check-config":
+            print(f"configuration ok: {len(config.models)} model profile(s)")
+            return 0
+        from boundedcode_gateway.cli.calls import run_calls
+
+        return run_calls(config.ledger_path, config.calls_path, args.task, args.last)
+    except ConfigError as exc:
+        print(f"boundedcode-gateway: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

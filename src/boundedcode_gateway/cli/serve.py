@@ -1,0 +1,46 @@
+"""``boundedcode-gateway serve``: run the gateway under uvicorn until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from boundedcode_gateway.app import create_app
+from boundedcode_gateway.config import GatewayConfig
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8780
+# in-flight calls get this long to finish (and be recorded) after a stop signal
+GRACEFUL_SHUTDOWN_S = 30
+
+
+def _loop() -> str:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
+
+
+def run_serve(config: GatewayConfig, host: str, port: int) -> int:
+    """Serve until stopped; uvicorn turns SIGINT/SIGTERM into a graceful shutdown."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    app = create_app(config)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            loop=_loop(),
+            http="httptools",
+            lifespan="on",
+            access_log=False,
+            log_level="info",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+    )
+    server.run()
+    return 0 if server.started else 1

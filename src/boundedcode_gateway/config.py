@@ -1,0 +1,176 @@
+"""The gateway's configuration: the YAML file, its schema and its validation.
+
+Owns loading and checking the file; it must not open connections or read API
+keys (those are read from the environment when a call needs them).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from boundedcode_gateway.errors import ConfigError
+
+ProviderKind = Literal["local", "openai", "openai-compatible", "anthropic", "gemini"]
+ReasoningHistory = Literal["auto", "keep", "drop"]
+
+DEFAULT_BASE_URLS: dict[str, str] = {
+    "openai": "https://api.openai.com/v1",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ModelProfile(_Strict):
+    """One entry under ``models:``: where a model name is sent and how."""
+
+    provider: ProviderKind
+    model: str | None = None
+    external_url: str | None = None
+    base_url: str | None = None
+    api_key_env: str | None = None
+    reasoning_history: ReasoningHistory | None = None
+    max_tokens: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _check_provider_keys(self) -> ModelProfile:
+        if self.provider == "local":
+            if not self.external_url:
+                raise ValueError("missing required key 'external_url' for provider 'local'")
+            if self.base_url:
+                raise ValueError("'base_url' is not used by provider 'local'; use 'external_url'")
+        elif self.external_url:
+            raise ValueError(f"'external_url' is only for provider 'local', not {self.provider!r}")
+        if self.provider == "openai-compatible" and not self.base_url:
+            raise ValueError("missing required key 'base_url' for provider 'openai-compatible'")
+        if self.provider in ("openai", "anthropic", "gemini") and not self.api_key_env:
+            raise ValueError(f"missing required key 'api_key_env' for provider {self.provider!r}")
+        return self
+
+    @property
+    def upstream_base_url(self) -> str:
+        """The URL that ``/chat/completions`` (or the provider's path) is appended to."""
+        if self.external_url:
+            return self.external_url.rstrip("/") + "/v1"
+        url = self.base_url or DEFAULT_BASE_URLS.get(self.provider, "")
+        return url.rstrip("/")
+
+    def api_key(self) -> str | None:
+        """The key from the environment variable the profile names, if set."""
+        if not self.api_key_env:
+            return None
+        return os.environ.get(self.api_key_env) or None
+
+
+class InferenceSettings(_Strict):
+    reasoning_history: ReasoningHistory = "auto"
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    read_timeout_s: float = Field(default=600.0, gt=0)
+
+
+class GatewayConfig(_Strict):
+    """The whole configuration file."""
+
+    data_dir: str = ".gateway"
+    ledger: str | None = None
+    max_body_mib: float = Field(default=32.0, gt=0)
+    inference: InferenceSettings = InferenceSettings()
+    models: dict[str, ModelProfile] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check_ledger(self) -> GatewayConfig:
+        if self.ledger is not None and not self.ledger.startswith("sqlite:///"):
+            raise ValueError("ledger must be a sqlite:/// URL (postgresql:// is not supported yet)")
+        return self
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir)
+
+    @property
+    def ledger_path(self) -> Path:
+        """The SQLite file of the ledger (default ``<data_dir>/ledger.db``)."""
+        if self.ledger is None:
+            return self.data_path / "ledger.db"
+        return Path(self.ledger.removeprefix("sqlite:///"))
+
+    @property
+    def calls_path(self) -> Path:
+        return self.data_path / "calls.jsonl"
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mib * 1024 * 1024)
+
+    def reasoning_history_for(self, profile: ModelProfile) -> ReasoningHistory:
+        return profile.reasoning_history or self.inference.reasoning_history
+
+
+def _line_index(text: str) -> dict[tuple[str, ...], int]:
+    """Map each key path in the YAML text to its 1-based line number."""
+    index: dict[tuple[str, ...], int] = {}
+
+    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                key = (*path, str(key_node.value))
+                index[key] = key_node.start_mark.line + 1
+                walk(value_node, key)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                index[(*path, str(i))] = item.start_mark.line + 1
+                walk(item, (*path, str(i)))
+
+    root = yaml.compose(text)
+    if root is not None:
+        walk(root, ())
+    return index
+
+
+_MESSAGES = {
+    "extra_forbidden": "unknown key",
+    "missing": "missing required key",
+}
+
+
+def _describe(err: Any, lines: dict[tuple[str, ...], int], source: str) -> str:
+    loc = tuple(str(p) for p in err["loc"])
+    name = ".".join(loc) if loc else "(top level)"
+    line = None
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in lines:
+            line = lines[loc[:n]]
+            break
+    where = f"{source}:{line}" if line else source
+    msg = _MESSAGES.get(err["type"]) or str(err["msg"]).removeprefix("Value error, ")
+    return f"{where}: {name}: {msg}"
+
+
+def parse_config(text: str, source: str = "<config>") -> GatewayConfig:
+    """Parse and validate configuration text; raise ``ConfigError`` naming the key and line."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the configuration must be a mapping of keys")
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc.errors()[0], _line_index(text), source)) from None
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    """Read and validate the configuration file at ``path``."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the configuration file: {exc.strerror}") from None
+    return parse_config(text, str(p))

@@ -1,0 +1,137 @@
+"""The gateway's one error tree.
+
+Every error a caller can see is a ``GatewayError``; each class knows its HTTP
+status, OpenAI ``type`` and ``code``, and whether the retry policy may resend.
+The tree::
+
+    GatewayError
+    ├── InvalidRequest            400 invalid_request_error
+    │   ├── ContextLengthExceeded 400 context_length_exceeded
+    │   └── CapabilityMissing     400 capability_missing
+    ├── ModelNotFound             404 model_not_found
+    ├── BodyTooLarge              413 request_too_large
+    ├── MissingApiKey             500 missing_api_key
+    └── UpstreamFailure           status of the upstream (or 502)
+        ├── UpstreamUnavailable   503 upstream_unavailable
+        ├── UpstreamTimeout       504 upstream_timeout
+        ├── MalformedResponse     502 malformed_response
+        └── StreamBroken          502 upstream_stream_broken
+
+``ConfigError`` is separate: it stops start-up and never reaches a caller.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import orjson
+
+
+class ConfigError(Exception):
+    """The configuration file cannot be used; the message names the key and its place."""
+
+
+class GatewayError(Exception):
+    """An error answered to the caller in OpenAI's error shape."""
+
+    status: ClassVar[int] = 500
+    error_type: ClassVar[str] = "server_error"
+    default_code: ClassVar[str | None] = None
+    retryable: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+        error_type: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code if code is not None else self.default_code
+        self.http_status = status if status is not None else self.status
+        self.type = error_type if error_type is not None else self.error_type
+
+    def to_body(self) -> dict[str, Any]:
+        """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.to_body())
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    default_code = "context_length_exceeded"
+
+
+class CapabilityMissing(InvalidRequest):
+    default_code = "capability_missing"
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+    error_type = "invalid_request_error"
+    default_code = "model_not_found"
+
+
+class BodyTooLarge(GatewayError):
+    status = 413
+    error_type = "invalid_request_error"
+    default_code = "request_too_large"
+
+
+class MissingApiKey(GatewayError):
+    status = 500
+    error_type = "server_error"
+    default_code = "missing_api_key"
+
+
+class UpstreamFailure(GatewayError):
+    """The upstream answered with an error, or could not be used."""
+
+    status = 502
+    error_type = "upstream_error"
+
+
+class UpstreamUnavailable(UpstreamFailure):
+    status = 503
+    default_code = "upstream_unavailable"
+    retryable = True
+
+
+class UpstreamTimeout(UpstreamFailure):
+    status = 504
+    default_code = "upstream_timeout"
+    retryable = True
+
+
+class MalformedResponse(UpstreamFailure):
+    default_code = "malformed_response"
+
+
+class StreamBroken(UpstreamFailure):
+    default_code = "upstream_stream_broken"
+    retryable = True
+
+
+def redact(text: str, secrets: tuple[str, ...]) -> str:
+    """Replace every secret (an API key) in ``text`` with ``***``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text

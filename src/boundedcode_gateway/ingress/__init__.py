@@ -1,0 +1,1 @@
+"""The HTTP front: parse, validate, route, render. Bad input becomes an OpenAI-shaped 4xx here."""

@@ -1,0 +1,47 @@
+"""Writing answers to the ASGI ``send`` channel: JSON bodies, SSE streams, error bodies."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from boundedcode_gateway.errors import GatewayError
+
+Message = MutableMapping[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+Receive = Callable[[], Awaitable[Message]]
+
+JSON_HEADERS: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json")]
+SSE_HEADERS: list[tuple[bytes, bytes]] = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+async def send_json(
+    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """A complete JSON answer."""
+    headers = JSON_HEADERS + (extra or [])
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_error(send: Send, exc: GatewayError, close: bool = False) -> None:
+    """OpenAI's error body with the error's status."""
+    extra = [(b"connection", b"close")] if close else None
+    await send_json(send, exc.http_status, exc.to_json(), extra)
+
+
+async def start_stream(send: Send, first: bytes) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    await send({"type": "http.response.body", "body": first, "more_body": True})
+
+
+async def send_chunk(send: Send, chunk: bytes) -> None:
+    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+
+async def end_stream(send: Send) -> None:
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

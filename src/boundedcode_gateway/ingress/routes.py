@@ -1,0 +1,237 @@
+"""The routes of the front, as plain ASGI: chat completions, models, health.
+
+Reads and bounds the body, validates it, and hands it to the service. The
+caller's disconnect cancels the call. It must not talk to upstreams itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import orjson
+
+from boundedcode_gateway.errors import BodyTooLarge, GatewayError, InvalidRequest, ModelNotFound
+from boundedcode_gateway.ingress.render import (
+    Receive,
+    Send,
+    end_stream,
+    send_chunk,
+    send_error,
+    send_json,
+    start_stream,
+)
+from boundedcode_gateway.ingress.validate import (
+    DEFAULT_PURPOSE,
+    DEFAULT_TASK,
+    check_chat_body,
+    check_purpose,
+    check_task,
+    requested_model,
+)
+from boundedcode_gateway.service import CallContext, GatewayService, JsonAnswer, StreamAnswer
+
+T = TypeVar("T")
+
+CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+TASK_HEADER = b"x-boundedcode-task"
+PURPOSE_HEADER = b"x-boundedcode-purpose"
+
+
+class NotFound(GatewayError):
+    status = 404
+    error_type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    error_type = "invalid_request_error"
+    default_code = "method_not_allowed"
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def _chat_task(path: str) -> tuple[bool, str | None]:
+    """(is a chat path, task from the path)."""
+    if path in CHAT_PATHS:
+        return True, None
+    if path.startswith("/tasks/") and path.endswith("/v1/chat/completions"):
+        task = path[len("/tasks/") : -len("/v1/chat/completions")]
+        return True, task
+    return False, None
+
+
+async def read_body(scope: dict[str, Any], receive: Receive, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it passes ``limit`` bytes."""
+    declared = _header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"Request body of {declared} bytes exceeds the limit of {limit} bytes")
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise asyncio.CancelledError
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"Request body exceeds the limit of {limit} bytes")
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+class Router:
+    """Dispatches HTTP requests to the handlers."""
+
+    def __init__(self, service: GatewayService, max_body_bytes: int) -> None:
+        self.service = service
+        self.max_body_bytes = max_body_bytes
+        self.started_at = time.time()
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        is_chat, path_task = _chat_task(path)
+        try:
+            if is_chat:
+                if method != "POST":
+                    raise MethodNotAllowed(f"Use POST for {path}")
+                await self._chat(scope, receive, send, path_task)
+            elif path in ("/health", "/v1/health"):
+                await send_json(send, 200, b'{"status":"ok"}')
+            elif path == "/v1/models":
+                await send_json(send, 200, orjson.dumps(await self._models()))
+            elif path.startswith("/v1/models/"):
+                await send_json(send, 200, orjson.dumps(await self._model(path[11:])))
+            else:
+                raise NotFound(f"Unknown path: {method} {path}")
+        except BodyTooLarge as exc:
+            await send_error(send, exc, close=True)
+        except GatewayError as exc:
+            await send_error(send, exc)
+
+    async def _models(self) -> dict[str, Any]:
+        names = list(self.service.upstreams)
+        return {"object": "list", "data": [await self._model(n) for n in names]}
+
+    async def _model(self, name: str) -> dict[str, Any]:
+        upstream = self.service.upstreams.get(name)
+        if upstream is None:
+            raise ModelNotFound(f"The model '{name}' does not exist on this gateway", param="model")
+        caps = await upstream.capabilities()
+        return {
+            "id": name,
+            "object": "model",
+            "created": int(self.started_at),
+            "owned_by": upstream.provider,
+            "upstream_model": upstream.upstream_model,
+            "capabilities": caps.to_json(),
+        }
+
+    def _context(self, scope: dict[str, Any], path_task: str | None) -> CallContext:
+        header_task = _header(scope, TASK_HEADER)
+        if path_task is not None and header_task is not None and header_task != path_task:
+            raise InvalidRequest(
+                f"X-BoundedCode-Task '{header_task}' differs from the path's task '{path_task}'",
+                param="X-BoundedCode-Task",
+                code="invalid_task",
+            )
+        task = path_task if path_task is not None else header_task
+        purpose = _header(scope, PURPOSE_HEADER)
+        return CallContext.new(
+            check_task(task) if task is not None else DEFAULT_TASK,
+            check_purpose(purpose) if purpose is not None else DEFAULT_PURPOSE,
+        )
+
+    async def _chat(
+        self, scope: dict[str, Any], receive: Receive, send: Send, path_task: str | None
+    ) -> None:
+        raw = await read_body(scope, receive, self.max_body_bytes)
+        try:
+            parsed: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequest(
+                f"The request body is not valid JSON: {exc}", code="invalid_json"
+            ) from None
+        model = requested_model(parsed)
+        try:
+            ctx = self._context(scope, path_task)
+        except InvalidRequest as exc:
+            if model is not None:
+                raw_task = path_task or _header(scope, TASK_HEADER) or DEFAULT_TASK
+                ctx = CallContext.new(raw_task[:128], DEFAULT_PURPOSE)
+                self.service.record_rejected(ctx, model, exc)
+            raise
+        try:
+            body = check_chat_body(parsed)
+        except InvalidRequest as exc:
+            if model is not None:
+                self.service.record_rejected(ctx, model, exc)
+            raise
+        await self._answer(receive, send, ctx, body)
+
+    async def _answer(
+        self, receive: Receive, send: Send, ctx: CallContext, body: dict[str, Any]
+    ) -> None:
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            answer = await _unless_disconnected(self.service.chat(ctx, body), watcher)
+            if answer is None:
+                return
+            if isinstance(answer, JsonAnswer):
+                await send_json(send, answer.status, answer.body)
+            else:
+                try:
+                    await _unless_disconnected(_relay(send, answer), watcher)
+                finally:
+                    # a relay cancelled before it ran still owes its record
+                    answer.relay.close(cancelled=True)
+        finally:
+            watcher.cancel()
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _unless_disconnected(
+    work: Coroutine[Any, Any, T], watcher: asyncio.Future[None]
+) -> T | None:
+    """Run ``work``; cancel it if the caller goes away first (the call is still recorded)."""
+    task = asyncio.ensure_future(work)
+    pending: set[asyncio.Future[Any]] = {task, watcher}
+    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, GatewayError):
+        await task
+    return None
+
+
+async def _relay(send: Send, answer: StreamAnswer) -> None:
+    relay = answer.relay
+    cancelled = False
+    try:
+        await start_stream(send, answer.first)
+        async for chunk in relay.chunks():
+            await send_chunk(send, chunk)
+        await end_stream(send)
+    except (asyncio.CancelledError, OSError):
+        cancelled = True
+        raise
+    finally:
+        relay.close(cancelled=cancelled)

@@ -1,0 +1,194 @@
+"""Checks of a chat-completions body before anything is routed: types and required fields.
+
+Pure: the body in, an ``InvalidRequest`` naming the field out. Only what the
+gateway interprets is checked; other fields pass through to the upstream.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from boundedcode_gateway.errors import InvalidRequest
+
+TASK_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+PURPOSE = re.compile(r"[a-z_]{1,32}")
+DEFAULT_TASK = "default"
+DEFAULT_PURPOSE = "agent_turn"
+KNOWN_PURPOSES = frozenset(
+    {
+        "agent_turn",
+        "condenser",
+        "compaction",
+        "planner",
+        "contract",
+        "ambiguity_check",
+        "verification",
+    }
+)
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+_BOOL_FIELDS = ("stream", "return_progress", "parallel_tool_calls", "logprobs")
+_INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed", "top_logprobs")
+_NUMBER_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+_OBJECT_FIELDS = ("stream_options", "response_format", "metadata", "chat_template_kwargs")
+
+
+def _type_name(value: Any) -> str:
+    return {
+        dict: "object",
+        list: "array",
+        str: "string",
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+    }.get(type(value), "null")
+
+
+def _wrong_type(field: str, expected: str, value: Any) -> InvalidRequest:
+    return InvalidRequest(
+        f"Invalid type for '{field}': expected {expected}, but got {_type_name(value)}.",
+        param=field,
+        code="invalid_type",
+    )
+
+
+def check_task(task: str) -> str:
+    """The task id, or a 400: it names a folder, so 1-128 of ``[A-Za-z0-9._-]``, not . or .."""
+    if not TASK_ID.fullmatch(task) or task in (".", ".."):
+        raise InvalidRequest(
+            "Invalid task id: use 1 to 128 of A-Z a-z 0-9 . _ - (and not '.' or '..')",
+            param="X-BoundedCode-Task",
+            code="invalid_task",
+        )
+    return task
+
+
+def check_purpose(purpose: str) -> str:
+    if not PURPOSE.fullmatch(purpose):
+        raise InvalidRequest(
+            "Invalid purpose: use 1 to 32 of a-z and _ (for example agent_turn, condenser)",
+            param="X-BoundedCode-Purpose",
+            code="invalid_purpose",
+        )
+    return purpose
+
+
+def _check_content(i: int, msg: dict[str, Any]) -> None:
+    role = msg["role"]
+    content = msg.get("content")
+    where = f"messages[{i}].content"
+    if content is None:
+        if role == "assistant" and msg.get("tool_calls"):
+            return
+        if role == "assistant" and "reasoning_content" in msg:
+            return
+        raise InvalidRequest(
+            f"Missing required parameter: '{where}'.",
+            param=where,
+            code="missing_required_parameter",
+        )
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise _wrong_type(where, "string or array", content)
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise InvalidRequest(
+                f"Invalid '{where}[{j}]': each content part needs a string 'type'.",
+                param=f"{where}[{j}]",
+                code="invalid_type",
+            )
+
+
+def _check_message(i: int, msg: Any) -> None:
+    if not isinstance(msg, dict):
+        raise _wrong_type(f"messages[{i}]", "object", msg)
+    role = msg.get("role")
+    if not isinstance(role, str):
+        raise InvalidRequest(
+            f"Missing required parameter: 'messages[{i}].role'.",
+            param=f"messages[{i}].role",
+            code="missing_required_parameter",
+        )
+    if role not in ROLES:
+        raise InvalidRequest(
+            f"Invalid value: '{role}'. Supported values are: 'system', 'developer', 'user', "
+            "'assistant', 'tool' and 'function'.",
+            param=f"messages[{i}].role",
+            code="invalid_value",
+        )
+    _check_content(i, msg)
+    if role == "tool" and not isinstance(msg.get("tool_call_id"), str):
+        raise InvalidRequest(
+            f"Missing required parameter: 'messages[{i}].tool_call_id'.",
+            param=f"messages[{i}].tool_call_id",
+            code="missing_required_parameter",
+        )
+    tool_calls = msg.get("tool_calls")
+    if tool_calls is not None and not isinstance(tool_calls, list):
+        raise _wrong_type(f"messages[{i}].tool_calls", "array", tool_calls)
+
+
+def _check_scalars(body: dict[str, Any]) -> None:
+    for name in _BOOL_FIELDS:
+        if name in body and body[name] is not None and not isinstance(body[name], bool):
+            raise _wrong_type(name, "boolean", body[name])
+    for name in _INT_FIELDS:
+        v = body.get(name)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+            raise _wrong_type(name, "integer", v)
+    for name in _NUMBER_FIELDS:
+        v = body.get(name)
+        if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)):
+            raise _wrong_type(name, "number", v)
+    for name in _OBJECT_FIELDS:
+        v = body.get(name)
+        if v is not None and not isinstance(v, dict):
+            raise _wrong_type(name, "object", v)
+    tools = body.get("tools")
+    if tools is not None and (
+        not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)
+    ):
+        raise _wrong_type("tools", "array of objects", tools)
+
+
+def requested_model(body: Any) -> str | None:
+    """The model a body names, if any (so even a refused call can be recorded)."""
+    if isinstance(body, dict):
+        model = body.get("model")
+        if isinstance(model, str) and model:
+            return model
+    return None
+
+
+def check_chat_body(body: Any) -> dict[str, Any]:
+    """The body, or an ``InvalidRequest`` naming the first field that is wrong."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_type")
+    model = body.get("model")
+    if model is None:
+        raise InvalidRequest(
+            "Missing required parameter: 'model'.", param="model", code="missing_required_parameter"
+        )
+    if not isinstance(model, str) or not model:
+        raise _wrong_type("model", "non-empty string", model)
+    messages = body.get("messages")
+    if messages is None:
+        raise InvalidRequest(
+            "Missing required parameter: 'messages'.",
+            param="messages",
+            code="missing_required_parameter",
+        )
+    if not isinstance(messages, list):
+        raise _wrong_type("messages", "array", messages)
+    if not messages:
+        raise InvalidRequest(
+            "Invalid 'messages': empty array. Expected at least one message.",
+            param="messages",
+            code="empty_array",
+        )
+    for i, msg in enumerate(messages):
+        _check_message(i, msg)
+    _check_scalars(body)
+    return body

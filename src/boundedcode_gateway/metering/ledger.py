@@ -1,0 +1,178 @@
+"""The SQL ledger: the ``model_calls`` table in SQLite and its numbered migrations.
+
+Owns the connection, the schema migrations and the SQL text (the ``?`` paramstyle
+stays in this file). It must not be shared between threads: the connection is
+created and used by one thread only (the meter writer's, or the CLI's for reads).
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from boundedcode_gateway.metering.records import RECORD_FIELDS, CallRecord
+
+MIGRATIONS_PACKAGE = "boundedcode_gateway.metering"
+MIGRATIONS_DIR = "migrations"
+_MIGRATION_NAME = re.compile(r"^(\d{4})_(\w+)\.sql$")
+
+_COLUMNS = ", ".join(RECORD_FIELDS)
+_PLACEHOLDERS = ", ".join("?" for _ in RECORD_FIELDS)
+
+BEGIN_SQL = "BEGIN"
+BEGIN_IMMEDIATE_SQL = "BEGIN IMMEDIATE"
+COMMIT_SQL = "COMMIT"
+ROLLBACK_SQL = "ROLLBACK"
+CREATE_SCHEMA_MIGRATIONS_SQL = (
+    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+    "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+)
+SELECT_MIGRATION_SQL = "SELECT 1 FROM schema_migrations WHERE version = ?"
+INSERT_MIGRATION_SQL = "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)"
+INSERT_CALL_SQL = f"INSERT INTO model_calls ({_COLUMNS}) VALUES ({_PLACEHOLDERS})"
+# rowid breaks ties between calls started in the same millisecond: insertion order.
+SELECT_RECENT_SQL = (
+    f"SELECT {_COLUMNS} FROM model_calls ORDER BY started_at DESC, rowid DESC LIMIT ?"
+)
+SELECT_RECENT_FOR_TASK_SQL = (
+    f"SELECT {_COLUMNS} FROM model_calls WHERE task = ? "
+    "ORDER BY started_at DESC, rowid DESC LIMIT ?"
+)
+
+# SQLite hands BOOLEAN columns back as 0/1; rows should read like CallRecord.to_dict().
+_BOOL_FIELDS = frozenset(f.name for f in fields(CallRecord) if f.type in ("bool", bool))
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One numbered SQL file from the ``migrations/`` folder."""
+
+    version: int
+    name: str
+    sql: str
+
+    def statements(self) -> list[str]:
+        """The file's statements, split on ``;`` (migrations keep ``;`` out of literals)."""
+        lines = [ln for ln in self.sql.splitlines() if not ln.strip().startswith("--")]
+        return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+
+
+def load_migrations() -> list[Migration]:
+    """All packaged migrations in numeric order; two files with one number is an error."""
+    folder = files(MIGRATIONS_PACKAGE).joinpath(MIGRATIONS_DIR)
+    found: dict[int, Migration] = {}
+    for entry in folder.iterdir():
+        match = _MIGRATION_NAME.match(entry.name)
+        if match is None:
+            continue
+        version = int(match.group(1))
+        if version in found:
+            raise RuntimeError(f"two migrations numbered {version:04d}: {entry.name}")
+        found[version] = Migration(version, match.group(2), entry.read_text(encoding="utf-8"))
+    return [found[v] for v in sorted(found)]
+
+
+def _utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Ledger:
+    """The ``model_calls`` table in one SQLite file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._conn: sqlite3.Connection | None = None
+
+    def open(self, *, read_only: bool = False) -> None:
+        """Connect and apply pending migrations; ``read_only`` neither migrates nor writes."""
+        if self._conn is not None:
+            return
+        if read_only:
+            uri = self.path.resolve().as_uri() + "?mode=ro"
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: transactions are begun and ended explicitly below.
+            conn = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            if not read_only:
+                _migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    def insert(self, records: Sequence[CallRecord]) -> None:
+        """Insert the records in one transaction: all of them or none."""
+        if not records:
+            return
+        conn = self._connection()
+        rows = [tuple(getattr(r, name) for name in RECORD_FIELDS) for r in records]
+        with _transaction(conn):
+            conn.executemany(INSERT_CALL_SQL, rows)
+
+    def recent(self, task: str | None, last: int) -> list[dict[str, Any]]:
+        """The newest ``last`` calls (of ``task`` if given), oldest first, newest last."""
+        if last <= 0:
+            return []
+        conn = self._connection()
+        if task is None:
+            cursor = conn.execute(SELECT_RECENT_SQL, (last,))
+        else:
+            cursor = conn.execute(SELECT_RECENT_FOR_TASK_SQL, (task, last))
+        rows = [_row_dict(row) for row in cursor.fetchall()]
+        rows.reverse()
+        return rows
+
+    def close(self) -> None:
+        """Close the connection; closing twice is harmless."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError(f"ledger {self.path} is not open")
+        return self._conn
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection, begin: str = BEGIN_SQL) -> Iterator[None]:
+    """``begin`` ... COMMIT, or ROLLBACK when the block raises."""
+    conn.execute(begin)
+    try:
+        yield
+    except BaseException:
+        # A failed ROLLBACK must not hide the error that caused it.
+        with suppress(sqlite3.Error):
+            conn.execute(ROLLBACK_SQL)
+        raise
+    conn.execute(COMMIT_SQL)
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    conn.execute(CREATE_SCHEMA_MIGRATIONS_SQL)
+    for migration in load_migrations():
+        # The write lock is taken before the check so that two processes opening
+        # the same new ledger cannot both apply one migration.
+        with _transaction(conn, BEGIN_IMMEDIATE_SQL):
+            if conn.execute(SELECT_MIGRATION_SQL, (migration.version,)).fetchone():
+                continue
+            for statement in migration.statements():
+                conn.execute(statement)
+            conn.execute(INSERT_MIGRATION_SQL, (migration.version, migration.name, _utc_now()))
+
+
+def _row_dict(row: Sequence[Any]) -> dict[str, Any]:
+    out = dict(zip(RECORD_FIELDS, row, strict=True))
+    for name in _BOOL_FIELDS:
+        if out[name] is not None:
+            out[name] = bool(out[name])
+    return out

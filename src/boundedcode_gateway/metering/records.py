@@ -1,0 +1,46 @@
+"""The record of one call: what the call log line and the ledger row hold.
+
+Owns the field list and its order; it must not do I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """One caller request, successful or not; written exactly once."""
+
+    call_id: str
+    started_at: str  # UTC, ISO 8601 with milliseconds and a Z
+    task: str
+    purpose: str
+    model_profile: str
+    provider: str | None = None
+    upstream_model: str | None = None
+    stream: bool = False
+    status: str = "error"  # "ok" | "error"
+    http_status: int = 0
+    error_code: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    evaluated_tokens: int | None = None
+    ttft_ms: float | None = None
+    prefill_ms: float | None = None
+    decode_ms: float | None = None
+    total_ms: float | None = None
+    messages: int = 0
+    changed: int | None = None
+    retried: bool = False
+    attempts: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CallRecord))

@@ -1,0 +1,176 @@
+"""The one background writer: takes call records off the request path and writes them.
+
+Owns the queue, the writer thread and the ledger connection (opened in that thread).
+``submit`` runs on the event loop and must never block or raise; a failing sink is
+logged and counted, and must not stop the other sink or the thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from boundedcode_gateway.metering.calllog import append_lines
+from boundedcode_gateway.metering.ledger import Ledger
+from boundedcode_gateway.metering.records import CallRecord
+
+logger = logging.getLogger(__name__)
+
+BATCH_MAX = 256
+# Under sustained overload every submit drops; log the first drop and then every Nth.
+DROP_LOG_EVERY = 1000
+
+# None in the queue tells the thread to stop; it is queued after every record
+# submitted before close(), so those are all written first.
+_Item = CallRecord | None
+
+
+class MeterWriter:
+    """Writes each submitted record to the call log and the ledger, in batches.
+
+    Counters: ``written`` records that reached at least one sink, ``dropped`` records
+    refused (queue full or writer closed), ``errors`` sink failures (one per failed
+    batch per sink, plus a failure to open the ledger).
+    """
+
+    def __init__(self, calls_path: Path, ledger_path: Path, max_queue: int = 100_000) -> None:
+        self.calls_path = calls_path
+        self.ledger_path = ledger_path
+        self.written = 0
+        self.dropped = 0
+        self.errors = 0
+        self._queue: queue.Queue[_Item] = queue.Queue(maxsize=max_queue)
+        self._lock = threading.Lock()
+        self._progress = threading.Condition(self._lock)
+        self._accepted = 0  # records put on the queue
+        self._done = 0  # records the thread has finished with, written or not
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._failing: set[str] = set()  # sinks whose last write failed
+
+    def start(self) -> None:
+        """Start the writer thread; starting twice is harmless."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("MeterWriter is closed")
+        self._start_thread()
+
+    def submit(self, record: CallRecord) -> None:
+        """Queue a record for writing; never blocks, never raises (drops when full)."""
+        with self._lock:
+            if not self._closed:
+                try:
+                    self._queue.put_nowait(record)
+                except queue.Full:
+                    pass
+                else:
+                    self._accepted += 1
+                    return
+            self.dropped += 1
+            dropped, closed = self.dropped, self._closed
+        if dropped == 1 or dropped % DROP_LOG_EVERY == 0:
+            reason = "the meter writer is closed" if closed else "the meter queue is full"
+            logger.warning(
+                "call record %s dropped: %s (%d dropped so far)", record.call_id, reason, dropped
+            )
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every record submitted so far is written; False on timeout."""
+        with self._progress:
+            target = self._accepted
+            if self._done >= target:
+                return True
+            if self._thread is None or not self._thread.is_alive():
+                return False
+            return self._progress.wait_for(lambda: self._done >= target, timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write everything still queued, close the ledger and stop the thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._thread is None and self._accepted == 0:
+                return
+        # Records already queued must still be written, even if start() was never called.
+        thread = self._start_thread()
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            logger.error("meter writer did not take the stop signal within %.1fs", timeout)
+            return
+        thread.join(timeout)
+        if thread.is_alive():
+            logger.error("meter writer did not finish within %.1fs", timeout)
+
+    def _start_thread(self) -> threading.Thread:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="meter-writer", daemon=True)
+                self._thread.start()
+            return self._thread
+
+    def _run(self) -> None:
+        ledger = self._open_ledger()
+        try:
+            stop = False
+            while not stop:
+                batch, stop = self._next_batch()
+                if batch:
+                    self._write(batch, ledger)
+        finally:
+            if ledger is not None:
+                try:
+                    ledger.close()
+                except Exception:
+                    logger.exception("meter writer: closing the ledger failed")
+
+    def _next_batch(self) -> tuple[list[CallRecord], bool]:
+        """Block for one item, then take whatever else is queued, up to BATCH_MAX."""
+        batch: list[CallRecord] = []
+        item = self._queue.get()
+        while item is not None:
+            batch.append(item)
+            if len(batch) >= BATCH_MAX:
+                return batch, False
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return batch, False
+        return batch, True
+
+    def _open_ledger(self) -> Ledger | None:
+        ledger = Ledger(self.ledger_path)
+        if self._attempt("ledger", ledger.open):
+            return ledger
+        logger.error("ledger %s is not written; the call log still is", self.ledger_path)
+        return None
+
+    def _write(self, batch: Sequence[CallRecord], ledger: Ledger | None) -> None:
+        logged = self._attempt("call log", lambda: append_lines(self.calls_path, batch))
+        stored = ledger is not None and self._attempt("ledger", lambda: ledger.insert(batch))
+        with self._progress:
+            if logged or stored:
+                self.written += len(batch)
+            self._done += len(batch)
+            self._progress.notify_all()
+
+    def _attempt(self, sink: str, action: Callable[[], None]) -> bool:
+        """Run one sink operation; log and count a failure instead of raising."""
+        try:
+            action()
+        except Exception:
+            with self._lock:
+                self.errors += 1
+            # The traceback once per run of failures, not once per batch.
+            repeated = sink in self._failing
+            self._failing.add(sink)
+            logger.error("meter writer: %s failed", sink, exc_info=not repeated)
+            return False
+        if sink in self._failing:
+            self._failing.discard(sink)
+            logger.warning("meter writer: %s works again", sink)
+        return True

@@ -1,0 +1,1 @@
+"""Pure decisions the pipeline applies: no I/O, no provider wire formats."""

@@ -1,0 +1,39 @@
+"""A request that needs what the model lacks gets a clear 400 before any upstream call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from boundedcode_gateway.errors import CapabilityMissing
+from boundedcode_gateway.providers.base import Capabilities
+
+
+def _has_image(messages: list[Any]) -> bool:
+    for msg in messages:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "image_url":
+                    return True
+    return False
+
+
+def check_request(body: dict[str, Any], caps: Capabilities, model: str) -> None:
+    """Raise ``CapabilityMissing`` naming the field the model cannot serve."""
+    if body.get("return_progress") and not caps.prompt_progress:
+        raise CapabilityMissing(
+            f"model '{model}' does not report prompt progress "
+            "(capabilities.prompt_progress is false); drop return_progress",
+            param="return_progress",
+        )
+    if body.get("stream") and not caps.streaming:
+        raise CapabilityMissing(f"model '{model}' does not stream", param="stream")
+    if body.get("tools") and not caps.tools:
+        raise CapabilityMissing(
+            f"model '{model}' has a chat template without tool support", param="tools"
+        )
+    if not caps.vision and _has_image(body["messages"]):
+        raise CapabilityMissing(
+            f"model '{model}' does not take images (capabilities.vision is false)",
+            param="messages",
+        )

@@ -1,0 +1,1 @@
+"""Upstream adapters: one package per API shape, differences as data inside each."""

@@ -1,0 +1,130 @@
+"""The seam between the pipeline and the providers.
+
+Defines what every adapter offers (``Upstream``), what a stream translator does
+(``StreamTranslator``), what a model reports it can do (``Capabilities``) and
+what one answer measured (``CallMetrics``). The pipeline sees only these; it
+must not know any provider's wire format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from boundedcode_gateway.errors import GatewayError
+
+CapabilitySource = Literal["props", "assumed", "documentation"]
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a model profile supports, and where the gateway learned it."""
+
+    streaming: bool
+    reasoning_back: bool
+    structured_output: bool
+    prompt_progress: bool
+    source: CapabilitySource
+    tools: bool = True
+    vision: bool = True
+    context_tokens: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "streaming": self.streaming,
+            "reasoning_back": self.reasoning_back,
+            "structured_output": self.structured_output,
+            "prompt_progress": self.prompt_progress,
+            "source": self.source,
+            "tools": self.tools,
+            "vision": self.vision,
+            "context_tokens": self.context_tokens,
+        }
+
+
+@dataclass(slots=True)
+class CallMetrics:
+    """What one upstream answer measured, normalised to OpenAI's usage terms."""
+
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    evaluated_tokens: int | None = None
+    prefill_ms: float | None = None
+    decode_ms: float | None = None
+    finish_reason: str | None = None
+    upstream_model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOptions:
+    """What the caller asked for that changes how an answer is relayed."""
+
+    stream: bool
+    include_usage: bool
+    return_progress: bool
+
+
+@dataclass(slots=True)
+class PreparedRequest:
+    """One HTTP request to an upstream, ready to send."""
+
+    url: str
+    headers: dict[str, str]
+    body: bytes
+    stream: bool
+    secrets: tuple[str, ...] = field(default=())
+
+
+class StreamTranslator(Protocol):
+    """A pure state machine: upstream SSE events in, OpenAI chunk payloads out."""
+
+    metrics: CallMetrics
+    content_started: bool
+    finished: bool
+    progress_seen: bool
+
+    def feed(self, event: str, data: bytes) -> Sequence[bytes]:
+        """Consume one event; return the OpenAI chunk payloads (JSON bytes) to relay.
+
+        Raises ``GatewayError`` for an error event inside the stream.
+        """
+        ...
+
+
+class Upstream(Protocol):
+    """One model profile's way to its provider."""
+
+    name: str
+    provider: str
+    upstream_model: str
+
+    async def capabilities(self) -> Capabilities:
+        """What this profile's model supports (may ask the upstream once)."""
+        ...
+
+    def prepare(
+        self, body: dict[str, Any], options: RequestOptions, caps: Capabilities, call_id: str
+    ) -> PreparedRequest:
+        """Translate an OpenAI request body into the provider's request."""
+        ...
+
+    def stream_translator(self, options: RequestOptions) -> StreamTranslator:
+        """A fresh translator for one streamed answer."""
+        ...
+
+    def from_response(self, raw: bytes, metrics: CallMetrics) -> bytes:
+        """Translate a non-streamed answer into OpenAI's JSON; fill ``metrics``."""
+        ...
+
+    def error_from_response(
+        self, status: int, raw: bytes, headers: Mapping[str, str]
+    ) -> GatewayError:
+        """Map the provider's error answer to the gateway's error tree."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the adapter holds."""
+        ...

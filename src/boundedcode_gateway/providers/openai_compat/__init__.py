@@ -1,0 +1,1 @@
+"""OpenAI-shaped upstreams: llama.cpp, other local servers, OpenAI, OpenAI-compatible clouds."""

@@ -1,0 +1,183 @@
+"""The adapter for every OpenAI-shaped upstream; the kinds differ only by their ``Dialect`` row.
+
+For ``provider: local`` it reads ``GET /props`` once: a server that answers is
+llama.cpp and its chat template's flags decide the capabilities; one that does
+not is "another local OpenAI-compatible server" with assumed capabilities.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from boundedcode_gateway.config import GatewayConfig, ModelProfile
+from boundedcode_gateway.errors import GatewayError, MissingApiKey
+from boundedcode_gateway.providers.base import (
+    CallMetrics,
+    Capabilities,
+    PreparedRequest,
+    RequestOptions,
+    StreamTranslator,
+)
+from boundedcode_gateway.providers.http import HttpClient, read_body
+from boundedcode_gateway.providers.openai_compat.mapping import (
+    error_from_openai_compat,
+    from_openai_compat_response,
+    to_openai_compat_request,
+)
+from boundedcode_gateway.providers.openai_compat.profiles import (
+    DIALECT_BY_PROVIDER,
+    LLAMA_CPP,
+    Dialect,
+)
+from boundedcode_gateway.providers.openai_compat.stream import OpenAIStreamTranslator
+
+log = logging.getLogger(__name__)
+
+
+def capabilities_from_props(props: dict[str, Any], takes_reasoning: bool) -> Capabilities:
+    """llama.cpp's capabilities, derived from its ``/props`` answer."""
+    caps = props.get("chat_template_caps") or {}
+    modalities = props.get("modalities") or {}
+    settings = props.get("default_generation_settings") or {}
+    n_ctx = settings.get("n_ctx")
+    return Capabilities(
+        streaming=True,
+        reasoning_back=takes_reasoning,
+        structured_output=True,
+        prompt_progress=True,
+        source="props",
+        tools=bool(caps.get("supports_tools", True)),
+        vision=bool(modalities.get("vision", False)),
+        context_tokens=n_ctx if isinstance(n_ctx, int) else None,
+    )
+
+
+class OpenAICompatUpstream:
+    """One model profile served by an OpenAI-shaped API."""
+
+    def __init__(self, name: str, profile: ModelProfile, config: GatewayConfig, http: HttpClient):
+        self.name = name
+        self.provider: str = profile.provider
+        self.upstream_model = profile.model or name
+        self._profile = profile
+        self._setting = config.reasoning_history_for(profile)
+        self._http = http
+        self._dialect: Dialect = DIALECT_BY_PROVIDER[profile.provider]
+        self._template_preserves = False
+        self._caps: Capabilities | None = None
+        self._caps_lock = asyncio.Lock()
+        self._url = profile.upstream_base_url + "/chat/completions"
+
+    @property
+    def dialect(self) -> Dialect:
+        return self._dialect
+
+    def _assumed(self) -> Capabilities:
+        d = self._dialect
+        return Capabilities(
+            streaming=True,
+            reasoning_back=d.takes_reasoning(self._setting, self._template_preserves),
+            structured_output=True,
+            prompt_progress=d.prompt_progress,
+            source=d.capability_source,
+        )
+
+    async def capabilities(self) -> Capabilities:
+        """Read once; a local server that cannot be reached yet is asked again next time."""
+        if self._caps is not None:
+            return self._caps
+        if self.provider != "local":
+            self._caps = self._assumed()
+            return self._caps
+        async with self._caps_lock:
+            if self._caps is None:
+                self._caps = await self._read_props()
+            return self._caps or self._assumed()
+
+    async def _read_props(self) -> Capabilities | None:
+        base = self._profile.external_url or ""
+        try:
+            resp = await self._http.send("GET", base.rstrip("/") + "/props", self._auth_headers())
+            raw = await read_body(resp)
+        except GatewayError as exc:
+            log.warning("model %s: cannot read /props yet: %s", self.name, exc.message)
+            return None
+        if resp.status == 503:  # still loading the model
+            return None
+        props = _json_object(raw) if resp.status == 200 else None
+        if props is None or "chat_template_caps" not in props:
+            log.info(
+                "model %s: no llama.cpp /props; treated as a local OpenAI-compatible server",
+                self.name,
+            )
+            return self._assumed()
+        self._dialect = LLAMA_CPP
+        self._template_preserves = bool(
+            props["chat_template_caps"].get("supports_preserve_reasoning", False)
+        )
+        takes = self._dialect.takes_reasoning(self._setting, self._template_preserves)
+        return capabilities_from_props(props, takes)
+
+    def _auth_headers(self) -> dict[str, str]:
+        key = self._profile.api_key()
+        if self._profile.api_key_env and key is None:
+            raise MissingApiKey(
+                f"model '{self.name}' needs the environment variable "
+                f"{self._profile.api_key_env}, which is not set"
+            )
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def _secrets(self) -> tuple[str, ...]:
+        key = self._profile.api_key()
+        return (key,) if key else ()
+
+    def prepare(
+        self, body: dict[str, Any], options: RequestOptions, caps: Capabilities, call_id: str
+    ) -> PreparedRequest:
+        """The HTTP request for this upstream."""
+        out = to_openai_compat_request(
+            body,
+            model=self.upstream_model,
+            dialect=self._dialect,
+            options=options,
+            takes_reasoning=caps.reasoning_back,
+        )
+        headers = {"Content-Type": "application/json", **self._auth_headers()}
+        if options.stream:
+            headers["Accept"] = "text/event-stream"
+        if self._dialect.idempotency_key:
+            headers["Idempotency-Key"] = call_id
+        return PreparedRequest(
+            url=self._url,
+            headers=headers,
+            body=orjson.dumps(out),
+            stream=options.stream,
+            secrets=self._secrets(),
+        )
+
+    def stream_translator(self, options: RequestOptions) -> StreamTranslator:
+        return OpenAIStreamTranslator(options, self._secrets())
+
+    def from_response(self, raw: bytes, metrics: CallMetrics) -> bytes:
+        return from_openai_compat_response(raw, metrics)
+
+    def error_from_response(
+        self, status: int, raw: bytes, headers: Mapping[str, str]
+    ) -> GatewayError:
+        return error_from_openai_compat(status, raw, self._secrets())
+
+    async def close(self) -> None:
+        return None
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None

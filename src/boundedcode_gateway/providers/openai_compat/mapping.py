@@ -1,0 +1,183 @@
+"""Pure translation between the caller's OpenAI request and an OpenAI-shaped upstream.
+
+Request in, request out; response in, response out; error body in, gateway
+error out. No I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from boundedcode_gateway.errors import (
+    ContextLengthExceeded,
+    GatewayError,
+    MalformedResponse,
+    UpstreamFailure,
+    redact,
+)
+from boundedcode_gateway.policy.context_overflow import is_context_overflow
+from boundedcode_gateway.policy.reasoning import outgoing_messages
+from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
+from boundedcode_gateway.providers.openai_compat.profiles import Dialect
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+
+
+def _named_tool_to_required(out: dict[str, Any]) -> None:
+    # llama-server treats an object tool_choice as "auto"; "required" over the one
+    # named tool forces the same call
+    choice = out.get("tool_choice")
+    if not isinstance(choice, dict):
+        return
+    name = (choice.get("function") or {}).get("name")
+    tools = out.get("tools") or []
+    named = [
+        t for t in tools if isinstance(t, dict) and (t.get("function") or {}).get("name") == name
+    ]
+    if named:
+        out["tool_choice"] = "required"
+        out["tools"] = named
+    else:
+        out["tool_choice"] = "auto"
+
+
+def to_openai_compat_request(
+    body: dict[str, Any],
+    *,
+    model: str,
+    dialect: Dialect,
+    options: RequestOptions,
+    takes_reasoning: bool,
+) -> dict[str, Any]:
+    """The upstream's request: the caller's body with the gateway's few changes.
+
+    Fields the gateway does not interpret pass through unchanged.
+    """
+    out = dict(body)
+    out["model"] = model
+    if options.stream:
+        stream_options = dict(out.get("stream_options") or {})
+        stream_options["include_usage"] = True
+        out["stream_options"] = stream_options
+    messages = outgoing_messages(body["messages"], takes_reasoning)
+    if messages is not body["messages"]:
+        out["messages"] = messages
+    if dialect.tool_choice_string_only:
+        _named_tool_to_required(out)
+    return out
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def read_usage(usage: dict[str, Any], metrics: CallMetrics) -> None:
+    """Fill token counts from an OpenAI ``usage`` object."""
+    metrics.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
+    metrics.completion_tokens = _int_or_none(usage.get("completion_tokens"))
+    prompt_details = usage.get("prompt_tokens_details")
+    if isinstance(prompt_details, dict):
+        metrics.cached_tokens = _int_or_none(prompt_details.get("cached_tokens"))
+    completion_details = usage.get("completion_tokens_details")
+    if isinstance(completion_details, dict):
+        metrics.reasoning_tokens = _int_or_none(completion_details.get("reasoning_tokens"))
+    if metrics.evaluated_tokens is None and metrics.prompt_tokens is not None:
+        metrics.evaluated_tokens = metrics.prompt_tokens - (metrics.cached_tokens or 0)
+
+
+def read_timings(timings: dict[str, Any], metrics: CallMetrics) -> None:
+    """Fill llama.cpp's own measurements: evaluated prompt tokens, prefill and decode times."""
+    prompt_n = _int_or_none(timings.get("prompt_n"))
+    if prompt_n is not None:
+        metrics.evaluated_tokens = prompt_n
+    if metrics.cached_tokens is None:
+        metrics.cached_tokens = _int_or_none(timings.get("cache_n"))
+    prompt_ms = timings.get("prompt_ms")
+    predicted_ms = timings.get("predicted_ms")
+    if isinstance(prompt_ms, int | float):
+        metrics.prefill_ms = float(prompt_ms)
+    if isinstance(predicted_ms, int | float):
+        metrics.decode_ms = float(predicted_ms)
+
+
+def read_answer_metrics(obj: dict[str, Any], metrics: CallMetrics) -> None:
+    """Usage, timings and model of one response or chunk object."""
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        read_usage(usage, metrics)
+    timings = obj.get("timings")
+    if isinstance(timings, dict):
+        read_timings(timings, metrics)
+    if metrics.upstream_model is None and isinstance(obj.get("model"), str):
+        metrics.upstream_model = obj["model"]
+
+
+def from_openai_compat_response(raw: bytes, metrics: CallMetrics) -> bytes:
+    """Check a non-streamed answer and measure it; the bytes go to the caller unchanged."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise MalformedResponse("the upstream answered 200 with a body that is not JSON") from None
+    choices = obj.get("choices") if isinstance(obj, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise MalformedResponse("the upstream answered 200 with no choices")
+    read_answer_metrics(obj, metrics)
+    finish = choices[0].get("finish_reason")
+    metrics.finish_reason = finish if isinstance(finish, str) else None
+    return raw
+
+
+def _error_fields(raw: bytes) -> tuple[str, str | None, Any, str | None]:
+    """(message, type, code, param) from an OpenAI-, llama.cpp- or FastAPI-style error body."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        text = raw.decode("utf-8", "replace").strip()
+        return (text[:500] or "the upstream answered with an empty error body"), None, None, None
+    err = obj.get("error") if isinstance(obj, dict) else None
+    if isinstance(err, dict):
+        param = err.get("param")
+        return (
+            str(err.get("message") or err),
+            err.get("type") if isinstance(err.get("type"), str) else None,
+            err.get("code"),
+            param if isinstance(param, str) else None,
+        )
+    if isinstance(err, str):
+        return err, None, None, None
+    if isinstance(obj, dict) and "detail" in obj:
+        return str(obj["detail"]), None, None, None
+    return str(obj)[:500], None, None, None
+
+
+def error_from_openai_compat(status: int, raw: bytes, secrets: tuple[str, ...]) -> GatewayError:
+    """The gateway error for an upstream error answer, in OpenAI's shape."""
+    message, error_type, code, param = _error_fields(raw)
+    message = redact(message, secrets)
+    if is_context_overflow(message, error_type, code):
+        return ContextLengthExceeded(message, param="messages")
+    if not isinstance(code, str):
+        # llama.cpp puts the HTTP status in "code"; OpenAI's codes are strings
+        code = "upstream_unavailable" if status == 503 else None
+    return UpstreamFailure(
+        message,
+        status=status,
+        error_type=error_type or _TYPE_BY_STATUS.get(status, "upstream_error"),
+        code=code,
+        param=param,
+    )
+
+
+def error_from_stream_event(error: Any, secrets: tuple[str, ...]) -> GatewayError:
+    """The gateway error for a ``data: {"error": ...}`` event inside a stream."""
+    code = error.get("code") if isinstance(error, dict) else None
+    status = code if isinstance(code, int) and 400 <= code < 600 else 502
+    return error_from_openai_compat(status, orjson.dumps({"error": error}), secrets)

@@ -1,0 +1,82 @@
+"""The OpenAI-shaped kinds as data rows: one row per kind, no branches elsewhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from boundedcode_gateway.config import ReasoningHistory
+from boundedcode_gateway.providers.base import CapabilitySource
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """How one kind of OpenAI-shaped server differs from the others."""
+
+    name: str
+    capability_source: CapabilitySource
+    # None: the chat template decides (llama.cpp's chat_template_caps)
+    reasoning_under_auto: bool | None
+    reasoning_under_keep: bool
+    prompt_progress: bool
+    # requests carry an Idempotency-Key so a resend on a fresh connection is safe
+    idempotency_key: bool
+    # llama-server reads only string tool_choice values; an object silently means "auto"
+    tool_choice_string_only: bool
+
+    def takes_reasoning(self, setting: ReasoningHistory, template_preserves: bool) -> bool:
+        """Whether earlier reasoning goes back to this kind under ``setting``."""
+        if setting == "drop":
+            return False
+        if setting == "keep":
+            return self.reasoning_under_keep
+        if self.reasoning_under_auto is None:
+            return template_preserves
+        return self.reasoning_under_auto
+
+
+LLAMA_CPP = Dialect(
+    name="llama.cpp",
+    capability_source="props",
+    reasoning_under_auto=None,
+    reasoning_under_keep=True,
+    prompt_progress=True,
+    idempotency_key=True,
+    tool_choice_string_only=True,
+)
+
+LOCAL_OPENAI_COMPATIBLE = Dialect(
+    name="local-openai-compatible",
+    capability_source="assumed",
+    reasoning_under_auto=False,
+    reasoning_under_keep=True,
+    prompt_progress=False,
+    idempotency_key=True,
+    tool_choice_string_only=False,
+)
+
+OPENAI = Dialect(
+    name="openai",
+    capability_source="documentation",
+    reasoning_under_auto=False,
+    reasoning_under_keep=False,
+    prompt_progress=False,
+    idempotency_key=False,
+    tool_choice_string_only=False,
+)
+
+OPENAI_COMPATIBLE = Dialect(
+    name="openai-compatible",
+    capability_source="documentation",
+    reasoning_under_auto=False,
+    reasoning_under_keep=True,
+    prompt_progress=False,
+    idempotency_key=False,
+    tool_choice_string_only=False,
+)
+
+DIALECT_BY_PROVIDER: dict[str, Dialect] = {
+    "openai": OPENAI,
+    "openai-compatible": OPENAI_COMPATIBLE,
+    # a local server is llama.cpp until /props says otherwise
+    "local": LOCAL_OPENAI_COMPATIBLE,
+}

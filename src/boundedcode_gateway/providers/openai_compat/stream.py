@@ -1,0 +1,84 @@
+"""The stream translator for OpenAI-shaped upstreams: chunks pass through, measured on the way.
+
+Pure state machine over ``data:`` payloads. Forwards the upstream's bytes
+unchanged (no re-serialisation), drops what the caller did not ask for, and
+raises the gateway error for an error event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from boundedcode_gateway.errors import MalformedResponse
+from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
+from boundedcode_gateway.providers.openai_compat.mapping import (
+    error_from_stream_event,
+    read_answer_metrics,
+)
+from boundedcode_gateway.wire.sse import DONE
+
+_NOTHING: tuple[bytes, ...] = ()
+_CONTENT_KEYS = ("content", "reasoning_content", "tool_calls", "refusal")
+
+
+class OpenAIStreamTranslator:
+    """Relays an OpenAI-shaped SSE stream and accumulates its metrics."""
+
+    __slots__ = (
+        "_forward_progress",
+        "_forward_usage",
+        "_secrets",
+        "content_started",
+        "finished",
+        "metrics",
+        "progress_seen",
+    )
+
+    def __init__(self, options: RequestOptions, secrets: tuple[str, ...] = ()) -> None:
+        self.metrics = CallMetrics()
+        self.content_started = False
+        self.finished = False
+        self.progress_seen = False
+        self._forward_usage = options.include_usage
+        self._forward_progress = options.return_progress
+        self._secrets = secrets
+
+    def feed(self, event: str, data: bytes) -> Sequence[bytes]:
+        """Consume one event; return the payloads to relay (the same bytes, or none)."""
+        if data == DONE:
+            self.finished = True
+            return _NOTHING
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise MalformedResponse("the upstream sent a stream event that is not JSON") from None
+        if not isinstance(obj, dict):
+            raise MalformedResponse("the upstream sent a stream event that is not an object")
+        if "error" in obj:
+            raise error_from_stream_event(obj["error"], self._secrets)
+        read_answer_metrics(obj, self.metrics)
+        if "prompt_progress" in obj:
+            self.progress_seen = True
+            return (data,) if self._forward_progress else _NOTHING
+        choices = obj.get("choices")
+        if not choices:
+            if obj.get("usage") and not self._forward_usage:
+                return _NOTHING
+            return (data,)
+        self._observe_choice(choices[0])
+        return (data,)
+
+    def _observe_choice(self, choice: Any) -> None:
+        if not isinstance(choice, dict):
+            raise MalformedResponse("the upstream sent a chunk whose choice is not an object")
+        if not self.content_started:
+            delta = choice.get("delta")
+            if isinstance(delta, dict) and any(delta.get(k) for k in _CONTENT_KEYS):
+                self.content_started = True
+        finish = choice.get("finish_reason")
+        if finish:
+            self.finished = True
+            self.metrics.finish_reason = finish

@@ -1,0 +1,32 @@
+"""Which adapter serves which provider kind: an explicit table, no lookup by convention."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from boundedcode_gateway.config import GatewayConfig, ModelProfile
+from boundedcode_gateway.errors import ConfigError
+from boundedcode_gateway.providers.base import Upstream
+from boundedcode_gateway.providers.http import HttpClient
+from boundedcode_gateway.providers.openai_compat.adapter import OpenAICompatUpstream
+
+UpstreamFactory = Callable[[str, ModelProfile, GatewayConfig, HttpClient], Upstream]
+
+FACTORIES: dict[str, UpstreamFactory] = {
+    "local": OpenAICompatUpstream,
+    "openai": OpenAICompatUpstream,
+    "openai-compatible": OpenAICompatUpstream,
+}
+
+
+def build_upstreams(config: GatewayConfig, http: HttpClient) -> dict[str, Upstream]:
+    """One upstream per model profile; a kind without an adapter stops start-up (exit 2)."""
+    upstreams: dict[str, Upstream] = {}
+    for name, profile in config.models.items():
+        factory = FACTORIES.get(profile.provider)
+        if factory is None:
+            raise ConfigError(
+                f"models.{name}.provider: {profile.provider!r} is not available in this version"
+            )
+        upstreams[name] = factory(name, profile, config, http)
+    return upstreams

@@ -1,0 +1,1 @@
+"""Wire formats: SSE framing and OpenAI chat-completions shapes (pure, no I/O)."""
