@@ -36,7 +36,6 @@ class ModelProfile(_Strict):
     base_url: str | None = None
     api_key_env: str | None = None
     reasoning_history: ReasoningHistory | None = None
-    max_tokens: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _check_provider_keys(self) -> ModelProfile:

@@ -255,6 +255,7 @@ class GatewayService:
         """Answer one validated chat-completions request."""
         model: str = body["model"]
         meter = Meter(self._writer, ctx, model)
+        meter.record.messages = len(body["messages"])
         try:
             upstream = self.upstreams.get(model)
             if upstream is None:
@@ -279,7 +280,6 @@ class GatewayService:
         record.provider = upstream.provider
         record.upstream_model = upstream.upstream_model
         messages = body["messages"]
-        record.messages = len(messages)
         record.changed = self._history.observe(ctx.task, ctx.purpose, messages)
         options = _options(body)
         record.stream = options.stream
@@ -287,7 +287,9 @@ class GatewayService:
         check_request(body, caps, upstream.name)
         prepared = upstream.prepare(body, options, caps, ctx.call_id)
         record.attempts = 1
-        resp = await self._http.send("POST", prepared.url, prepared.headers, prepared.body)
+        resp = await self._http.send(
+            "POST", prepared.url, prepared.headers, prepared.body, resend_safe=prepared.resend_safe
+        )
         if resp.status != 200:
             raw = await read_body(resp)
             raise upstream.error_from_response(resp.status, raw, resp.headers)

@@ -137,7 +137,9 @@ def content_text(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "".join(
-            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
+            str(p.get("text", ""))
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text"
         )
     return ""
 
@@ -226,10 +228,8 @@ def generate(
             kept.append(tool_calls[seg.tool_index])
         if truncated:
             break
-    if truncated:
-        finish = "length"
-    else:
-        finish = reply.finish_reason or ("tool_calls" if kept else "stop")
+    derived = reply.finish_reason or ("tool_calls" if kept else "stop")
+    finish = "length" if truncated else derived
     return Generated(
         reasoning="".join(parts["reasoning"]),
         content="".join(parts["content"]),

@@ -75,6 +75,8 @@ class PreparedRequest:
     headers: dict[str, str]
     body: bytes
     stream: bool
+    # a resend on a fresh connection cannot do the work twice (idempotency key)
+    resend_safe: bool = False
     secrets: tuple[str, ...] = field(default=())
 
 

@@ -17,6 +17,12 @@ from boundedcode_gateway.errors import StreamBroken, UpstreamTimeout, UpstreamUn
 # llama-server closes idle kept-alive connections after 5 s (cpp-httplib's default);
 # a pooled connection older than that would be reset under the next request.
 POOL_IDLE_TIMEOUT_S = 4.0
+# llama-server also closes a connection after a streamed answer or an error status,
+# so a pooled connection may be dead however young; each failed try discards one.
+STALE_CONNECTION_TRIES = 3
+
+# Failures that happen before any response byte: the request was not answered.
+_STALE_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,19 +56,35 @@ class HttpClient:
         return self._session
 
     async def send(
-        self, method: str, url: str, headers: dict[str, str], body: bytes | None = None
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        body: bytes | None = None,
+        *,
+        resend_safe: bool = True,
     ) -> aiohttp.ClientResponse:
-        """Send a request and return the response once its headers arrived."""
-        try:
-            return await self.session.request(method, url, headers=headers, data=body)
-        except aiohttp.ClientConnectorError as exc:
-            raise UpstreamUnavailable(f"cannot connect to the upstream: {exc.os_error}") from exc
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            raise UpstreamUnavailable(f"the upstream closed the connection: {exc}") from exc
-        except TimeoutError as exc:
-            raise UpstreamTimeout("the upstream did not answer in time") from exc
-        except aiohttp.ClientError as exc:
-            raise UpstreamUnavailable(f"the upstream could not be reached: {exc}") from exc
+        """Send a request and return the response once its headers arrived.
+
+        A connection the server closed before answering is replaced and the request
+        resent, when ``resend_safe`` (the upstream takes an idempotency key, or it is a GET).
+        """
+        tries = STALE_CONNECTION_TRIES if resend_safe else 1
+        for attempt in range(1, tries + 1):
+            try:
+                return await self.session.request(method, url, headers=headers, data=body)
+            except aiohttp.ClientConnectorError as exc:
+                raise UpstreamUnavailable(
+                    f"cannot connect to the upstream: {exc.os_error}"
+                ) from exc
+            except _STALE_ERRORS as exc:
+                if attempt == tries:
+                    raise UpstreamUnavailable(f"the upstream closed the connection: {exc}") from exc
+            except TimeoutError as exc:
+                raise UpstreamTimeout("the upstream did not answer in time") from exc
+            except aiohttp.ClientError as exc:
+                raise UpstreamUnavailable(f"the upstream could not be reached: {exc}") from exc
+        raise AssertionError("unreachable")
 
     async def close(self) -> None:
         if self._session is not None:

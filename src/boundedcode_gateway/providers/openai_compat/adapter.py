@@ -157,6 +157,7 @@ class OpenAICompatUpstream:
             headers=headers,
             body=orjson.dumps(out),
             stream=options.stream,
+            resend_safe=self._dialect.idempotency_key,
             secrets=self._secrets(),
         )
 

@@ -1,0 +1,826 @@
+"""A fake llama.cpp `llama-server` (single-model mode) as a raw ASGI app.
+
+Owns the wire behaviour described in shared/protocols.md §1: `/health`, `/props`,
+`/v1/models`, `/v1/chat/completions` (and `/chat/completions`), the error catalogue and
+bodies, `Server: llama.cpp` and `Connection: close` on every error, streaming order with
+`prompt_progress`, `usage` and `timings`, and the per-slot prompt cache.
+
+The "model" is a ChatML-like template plus the `Reply` queue. The cache rule is the real
+one: a slot keeps the tokens of its previous prompt plus the tokens it generated, rendered
+as the template renders that assistant turn (reasoning included). A history that sends the
+reasoning back matches the cache; one that drops it stops matching at that turn.
+
+It must not sleep to fake timings: `timings` are computed from token counts and the
+`*_ms_per_token` knobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from tests.fakes.common import (
+    JSON,
+    Generated,
+    HttpRequest,
+    Receive,
+    Recorder,
+    Reply,
+    Scope,
+    Segment,
+    Send,
+    StreamWriter,
+    ToolCall,
+    common_prefix_len,
+    content_text,
+    default_reply,
+    fragments,
+    generate,
+    play_stream,
+    random_alnum,
+    read_request,
+    reply_tool_calls,
+    send_json,
+    sleep_ms,
+    tokenize,
+)
+
+BUILD_INFO = "b11434-fake"
+MEDIA_MARKER = "<__media__>"
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' }}"
+    "{%- if message.role == 'assistant' and preserve_thinking %}"
+    "{{- '<think>\\n' + (message.reasoning_content or '') + '\\n</think>\\n\\n' }}"
+    "{%- endif %}"
+    "{{- message.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    500: "server_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+_HEALTH_PATHS = frozenset({"/health", "/v1/health"})
+_CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+_TOOL_CHOICES = frozenset({"auto", "none", "required"})
+_REASONING_FORMATS = frozenset({"none", "auto", "deepseek", "deepseek-legacy"})
+_MMPROJ_HINT = (
+    "input is not supported - hint: if this is unexpected, you may need to provide the mmproj"
+)
+
+
+def llama_error_body(status: int, message: str, type_: str | None = None, **extra: Any) -> JSON:
+    """An error body as llama-server writes it: `{"error": {"code", "message", "type", ...}}`."""
+    error: JSON = {
+        "code": status,
+        "message": message,
+        "type": type_ or _TYPE_BY_STATUS.get(status, "server_error"),
+    }
+    error.update(extra)
+    return {"error": error}
+
+
+class LlamaError(Exception):
+    """A request the fake refuses; carries the HTTP status and the exact body."""
+
+    def __init__(self, status: int, message: str, type_: str | None = None, **extra: Any):
+        super().__init__(message)
+        self.status = status
+        self.body = llama_error_body(status, message, type_, **extra)
+
+
+def render_tool_call(name: str, arguments: Any) -> str:
+    """A tool call as the template writes it; arguments are normalised like Jinja's tojson."""
+    args = arguments
+    if isinstance(arguments, str):
+        try:
+            args = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            args = arguments
+    return "<tool_call>" + orjson.dumps({"name": name, "arguments": args}).decode() + "</tool_call>"
+
+
+@dataclass
+class _ChatTask:
+    """A validated chat request, rendered to a prompt."""
+
+    model: str
+    stream: bool
+    include_usage: bool
+    return_progress: bool
+    timings_per_token: bool
+    cache_prompt: bool
+    id_slot: int
+    n_predict: int | None
+    thinking: bool
+    prefill: bool
+    prompt: str
+    prompt_tokens: list[str]
+
+
+@dataclass
+class _Result:
+    """What one completion produced: ids, cache arithmetic and the generation."""
+
+    id: str
+    created: int
+    model: str
+    cache_n: int
+    prompt_n: int
+    n_prompt: int
+    gen: Generated
+    timings: JSON
+
+
+class FakeLlamaServer:
+    """Fake `llama-server`. Serve `.app` with `serve_in_thread`; queue answers with `.queue()`.
+
+    Knobs are plain attributes and may be changed while the server runs (e.g. `loading`).
+    """
+
+    def __init__(
+        self,
+        *,
+        n_ctx: int = 4096,
+        total_slots: int = 1,
+        props_enabled: bool = True,
+        loading: bool = False,
+        supports_preserve_reasoning: bool = True,
+        supports_tools: bool = True,
+        vision: bool = False,
+        api_key: str | None = None,
+        prompt_ms_per_token: float = 0.5,
+        predicted_ms_per_token: float = 10.0,
+        model_alias: str = "fake-model",
+        thinking: bool = True,
+        progress_batch: int = 64,
+        tokens_per_chunk: int = 1,
+        slot_prompt_similarity: float = 0.10,
+    ) -> None:
+        self.n_ctx = n_ctx
+        self.total_slots = total_slots
+        self.props_enabled = props_enabled
+        self.loading = loading
+        self.supports_preserve_reasoning = supports_preserve_reasoning
+        self.supports_tools = supports_tools
+        self.vision = vision
+        self.api_key = api_key
+        self.prompt_ms_per_token = prompt_ms_per_token
+        self.predicted_ms_per_token = predicted_ms_per_token
+        self.model_alias = model_alias
+        self.thinking = thinking
+        self.progress_batch = progress_batch
+        self.tokens_per_chunk = tokens_per_chunk
+        self.slot_prompt_similarity = slot_prompt_similarity
+        self.requests = Recorder()
+        self.replies: deque[Reply] = deque()
+        self.prompts: list[str] = []
+        self.slot_tokens: list[list[str]] = [[] for _ in range(total_slots)]
+        self._busy: set[int] = set()
+        self._last_used: list[int] = [-1] * total_slots
+        self._use_counter = 0
+        self._cond: asyncio.Condition | None = None
+        self._cond_loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ public helpers
+
+    def queue(self, *replies: Reply) -> None:
+        """Queue answers for the next chat requests, in order."""
+        self.replies.extend(replies)
+
+    def reset_cache(self) -> None:
+        """Forget every slot's cached tokens."""
+        self.slot_tokens = [[] for _ in range(self.total_slots)]
+        self._last_used = [-1] * self.total_slots
+
+    def caps(self) -> dict[str, bool]:
+        """`chat_template_caps` as `/props` reports them."""
+        return {
+            "supports_string_content": True,
+            "supports_typed_content": False,
+            "supports_tools": self.supports_tools,
+            "supports_tool_calls": self.supports_tools,
+            "supports_parallel_tool_calls": self.supports_tools,
+            "supports_system_role": True,
+            "supports_preserve_reasoning": self.supports_preserve_reasoning,
+            "supports_reasoning_effort": False,
+            "supports_object_arguments": False,
+        }
+
+    def props(self) -> JSON:
+        """The `/props` body (single-model mode)."""
+        return {
+            "default_generation_settings": {
+                "params": {
+                    "seed": 4294967295,
+                    "temperature": 0.8,
+                    "top_k": 40,
+                    "top_p": 0.95,
+                    "min_p": 0.05,
+                    "repeat_penalty": 1.0,
+                    "presence_penalty": 0.0,
+                    "frequency_penalty": 0.0,
+                    "max_tokens": -1,
+                    "n_predict": -1,
+                    "reasoning_format": "deepseek",
+                    "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+                },
+                "n_ctx": self.n_ctx,
+            },
+            "total_slots": self.total_slots,
+            "model_alias": self.model_alias,
+            "model_ftype": "Q4_K - Medium",
+            "model_path": f"/models/{self.model_alias}.gguf",
+            "modalities": {"vision": self.vision, "video": False, "audio": False},
+            "media_marker": MEDIA_MARKER,
+            "endpoint_slots": True,
+            "endpoint_props": False,
+            "endpoint_metrics": False,
+            "ui": True,
+            "ui_settings": {},
+            "chat_template": CHAT_TEMPLATE,
+            "chat_template_caps": self.caps(),
+            "bos_token": "",
+            "eos_token": "<|im_end|>",
+            "build_info": BUILD_INFO,
+            "is_sleeping": False,
+            "cors_proxy_enabled": False,
+        }
+
+    # ------------------------------------------------------------------ ASGI entry
+
+    async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI application."""
+        if scope["type"] != "http":
+            return
+        req = await read_request(scope, receive)
+        self.requests.append(req.record())
+        try:
+            await self._dispatch(req, send)
+        except LlamaError as exc:
+            await self._send(send, exc.status, exc.body)
+
+    async def _dispatch(self, req: HttpRequest, send: Send) -> None:
+        # Order of the real pre-routing middleware: loading state, then API key, then routes.
+        if self.loading:
+            raise LlamaError(503, "Loading model")
+        if self.api_key is not None and req.path not in _HEALTH_PATHS and not self._authorized(req):
+            raise LlamaError(401, "Invalid API Key")
+        handler = self._route(req)
+        if handler is None:
+            raise LlamaError(404, "File Not Found")
+        await handler(req, send)
+
+    def _route(self, req: HttpRequest) -> Callable[[HttpRequest, Send], Awaitable[None]] | None:
+        if req.method == "GET" and req.path in _HEALTH_PATHS:
+            return self._health
+        if req.method == "GET" and req.path == "/props" and self.props_enabled:
+            return self._props
+        if req.method == "GET" and req.path in ("/v1/models", "/models"):
+            return self._models
+        if req.method == "POST" and req.path in _CHAT_PATHS:
+            return self._chat
+        return None
+
+    def _authorized(self, req: HttpRequest) -> bool:
+        auth = req.headers.get("authorization", "")
+        bearer = auth[7:] if auth[:7].lower() == "bearer " else None
+        return self.api_key in (bearer, req.headers.get("x-api-key"))
+
+    @staticmethod
+    async def _send(
+        send: Send, status: int, obj: Any, extra_headers: dict[str, str] | None = None
+    ) -> None:
+        headers = {"server": "llama.cpp", "content-type": "application/json; charset=utf-8"}
+        if status >= 400:
+            # cpp-httplib closes the connection after every error; uvicorn does the same
+            # when the response carries this header.
+            headers["connection"] = "close"
+        else:
+            headers["keep-alive"] = "timeout=5, max=100"
+        headers.update(extra_headers or {})
+        await send_json(send, status, obj, headers)
+
+    async def _health(self, req: HttpRequest, send: Send) -> None:
+        await self._send(send, 200, {"status": "ok"})
+
+    async def _props(self, req: HttpRequest, send: Send) -> None:
+        await self._send(send, 200, self.props())
+
+    async def _models(self, req: HttpRequest, send: Send) -> None:
+        model = {
+            "id": self.model_alias,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "llamacpp",
+            "meta": {"n_ctx_train": self.n_ctx, "n_vocab": 151936},
+        }
+        await self._send(send, 200, {"object": "list", "data": [model]})
+
+    # ------------------------------------------------------------------ chat
+
+    async def _chat(self, req: HttpRequest, send: Send) -> None:
+        body = _parse_body(req)
+        reply = self.replies.popleft() if self.replies else None
+        if reply is not None and reply.status is not None:
+            await sleep_ms(reply.delay_ms)
+            error = reply.error_body or llama_error_body(reply.status, "fake upstream error")
+            await self._send(send, reply.status, error, reply.headers)
+            return
+        try:
+            task = self._prepare(body)
+        except LlamaError:
+            if reply is not None:  # a refused request does not use up the scripted answer
+                self.replies.appendleft(reply)
+            raise
+        await self._complete(task, reply or default_reply(body.get("messages")), send)
+
+    async def _complete(self, task: _ChatTask, reply: Reply, send: Send) -> None:
+        slot = await self._acquire_slot(task)
+        try:
+            await sleep_ms(reply.delay_ms)
+            result = self._evaluate(task, reply, slot)
+            if task.stream:
+                await self._stream(task, reply, result, send)
+            else:
+                await self._send(send, 200, self._response(result), reply.headers)
+        finally:
+            await self._release_slot(slot)
+
+    def _prepare(self, body: JSON) -> _ChatTask:
+        _check_response_format(body)
+        messages = _check_messages(body, self.vision)
+        tools: list[Any] = body["tools"] if isinstance(body.get("tools"), list) else []
+        tool_choice = _parse_tool_choice(body)
+        _check_reasoning_format(body)
+        if tools and tool_choice != "none" and "grammar" in body:
+            raise LlamaError(400, "Cannot use custom grammar constraints with tools.")
+        kwargs = body.get("chat_template_kwargs")
+        kwargs = kwargs if isinstance(kwargs, dict) else {}
+        thinking = self.thinking and _enable_thinking(kwargs, body)
+        prefill = bool(messages) and messages[-1].get("role") == "assistant"
+        if prefill and len(messages) > 1 and messages[-2].get("role") == "assistant":
+            raise LlamaError(
+                400, "Cannot have 2 or more assistant messages at the end of the list."
+            )
+        _check_logprobs(body)
+        _check_n(body, self.total_slots)
+        preserve = (
+            self.supports_preserve_reasoning and kwargs.get("preserve_reasoning") is not False
+        )
+        prompt = self._render(
+            messages, tools if self.supports_tools else [], preserve, thinking, prefill
+        )
+        tokens = tokenize(prompt)
+        if len(tokens) >= self.n_ctx:
+            raise LlamaError(
+                400,
+                f"request ({len(tokens)} tokens) exceeds the available context size "
+                f"({self.n_ctx} tokens), try increasing it",
+                "exceed_context_size_error",
+                n_prompt_tokens=len(tokens),
+                n_ctx=self.n_ctx,
+            )
+        return self._task(body, thinking, prefill, prompt, tokens)
+
+    def _task(
+        self, body: JSON, thinking: bool, prefill: bool, prompt: str, tokens: list[str]
+    ) -> _ChatTask:
+        opts = body.get("stream_options")
+        n_predict = _first_int(body, "n_predict", "max_completion_tokens", "max_tokens")
+        return _ChatTask(
+            model=str(body.get("model") or self.model_alias),
+            stream=body.get("stream") is True,
+            include_usage=isinstance(opts, dict) and opts.get("include_usage") is True,
+            return_progress=body.get("return_progress") is True,
+            timings_per_token=body.get("timings_per_token") is True,
+            cache_prompt=body.get("cache_prompt") is not False,
+            id_slot=_int_or(body.get("id_slot"), -1),
+            n_predict=n_predict if n_predict is not None and n_predict >= 0 else None,
+            thinking=thinking,
+            prefill=prefill,
+            prompt=prompt,
+            prompt_tokens=tokens,
+        )
+
+    # ------------------------------------------------------------------ template
+
+    def _render(
+        self,
+        messages: list[JSON],
+        tools: list[Any],
+        preserve: bool,
+        thinking: bool,
+        prefill: bool,
+    ) -> str:
+        history = messages[:-1] if prefill else messages
+        # Like Qwen templates: without preserve, only turns after the last user message
+        # keep their reasoning block.
+        last_user = max((i for i, m in enumerate(history) if m.get("role") == "user"), default=-1)
+        out: list[str] = []
+        start = 0
+        if tools or (history and _role(history[0]) == "system"):
+            has_system = bool(history) and _role(history[0]) == "system"
+            system = self._content(history[0].get("content")) if has_system else ""
+            out.append(_render_system(system, tools))
+            start = 1 if has_system else 0
+        for i in range(start, len(history)):
+            out.append(self._render_message(history[i], preserve or i > last_user))
+        out.append("<|im_start|>assistant\n")
+        if prefill:
+            out.append(self._content(messages[-1].get("content")))
+        elif not thinking:
+            out.append("<think>\n\n</think>\n\n")
+        return "".join(out)
+
+    def _render_message(self, msg: JSON, keep_think: bool) -> str:
+        role = _role(msg)
+        text = self._content(msg.get("content"))
+        if role != "assistant":
+            return f"<|im_start|>{role}\n{text}<|im_end|>\n"
+        think = ""
+        if keep_think:
+            think = f"<think>\n{msg.get('reasoning_content') or ''}\n</think>\n\n"
+        calls = "".join(
+            render_tool_call(
+                c.get("function", {}).get("name", ""), c.get("function", {}).get("arguments", "")
+            )
+            for c in msg.get("tool_calls") or []
+            if isinstance(c, dict)
+        )
+        return f"<|im_start|>assistant\n{think}{text}{calls}<|im_end|>\n"
+
+    def _content(self, content: Any) -> str:
+        if not isinstance(content, list):
+            return content_text(content)
+        out = []
+        for part in content:
+            if part.get("type") == "text":
+                out.append(str(part.get("text", "")))
+            else:
+                out.append(MEDIA_MARKER)
+        return "".join(out)
+
+    # ------------------------------------------------------------------ slots and cache
+
+    def _condition(self) -> asyncio.Condition:
+        loop = asyncio.get_running_loop()
+        if self._cond is None or self._cond_loop is not loop:
+            # The fake may be served by several servers over its life, one loop each.
+            self._cond = asyncio.Condition()
+            self._cond_loop = loop
+            self._busy.clear()
+        return self._cond
+
+    def _pick_slot(self, task: _ChatTask) -> int | None:
+        self._resize_slots()
+        if task.id_slot >= 0:
+            slot = task.id_slot % self.total_slots
+            return None if slot in self._busy else slot
+        idle = [i for i in range(self.total_slots) if i not in self._busy]
+        if not idle:
+            return None
+        # llama-server: the idle slot sharing the longest prefix, if that prefix is at least
+        # `--slot-prompt-similarity` of the prompt; otherwise the least recently used one.
+        prompt = task.prompt_tokens
+        best = max(idle, key=lambda i: (common_prefix_len(self.slot_tokens[i], prompt), -i))
+        lcp = common_prefix_len(self.slot_tokens[best], prompt)
+        if lcp > 0 and lcp >= self.slot_prompt_similarity * len(prompt):
+            return best
+        return min(idle, key=lambda i: (self._last_used[i], i))
+
+    def _resize_slots(self) -> None:
+        n = self.total_slots
+        if len(self.slot_tokens) != n:
+            self.slot_tokens = (self.slot_tokens + [[] for _ in range(n)])[:n]
+        if len(self._last_used) != n:
+            self._last_used = (self._last_used + [-1] * n)[:n]
+
+    async def _acquire_slot(self, task: _ChatTask) -> int:
+        # Busy slots defer the task (llama-server queues; it never answers 429/503 for load).
+        cond = self._condition()
+        async with cond:
+            while (slot := self._pick_slot(task)) is None:
+                await cond.wait()
+            self._busy.add(slot)
+            self._use_counter += 1
+            self._last_used[slot] = self._use_counter
+            return slot
+
+    async def _release_slot(self, slot: int) -> None:
+        cond = self._condition()
+        async with cond:
+            self._busy.discard(slot)
+            cond.notify_all()
+
+    def _evaluate(self, task: _ChatTask, reply: Reply, slot: int) -> _Result:
+        prompt = task.prompt_tokens
+        lcp = common_prefix_len(self.slot_tokens[slot], prompt) if task.cache_prompt else 0
+        cache_n = min(lcp, len(prompt) - 1)  # the last prompt token is always evaluated
+        prompt_n = len(prompt) - cache_n
+        calls = reply_tool_calls(reply)
+        limit = self.n_ctx - len(prompt)  # context fills up: generation stops with "length"
+        if task.n_predict is not None:
+            limit = min(limit, task.n_predict)
+        gen = generate(self._segments(task, reply, calls), calls, reply, limit)
+        self.slot_tokens[slot] = prompt + gen.tokens
+        self.prompts.append(task.prompt)
+        return _Result(
+            id="chatcmpl-" + random_alnum(32),
+            created=int(time.time()),
+            model=task.model,
+            cache_n=cache_n,
+            prompt_n=prompt_n,
+            n_prompt=len(prompt),
+            gen=gen,
+            timings=self._timings(cache_n, prompt_n, len(gen.tokens)),
+        )
+
+    @staticmethod
+    def _segments(task: _ChatTask, reply: Reply, calls: list[ToolCall]) -> list[Segment]:
+        segments: list[Segment] = []
+        if task.thinking and not task.prefill:
+            segments += [
+                Segment("markup", "<think>\n"),
+                Segment("reasoning", reply.reasoning_content or ""),
+                Segment("markup", "\n</think>\n\n"),
+            ]
+        segments.append(Segment("content", reply.content))
+        for i, call in enumerate(calls):
+            segments.append(Segment("tool", render_tool_call(call.name, call.arguments), i))
+        return segments
+
+    def _timings(self, cache_n: int, prompt_n: int, predicted_n: int) -> JSON:
+        prompt_ms = prompt_n * self.prompt_ms_per_token
+        predicted_ms = predicted_n * self.predicted_ms_per_token
+        return {
+            "cache_n": cache_n,
+            "prompt_n": prompt_n,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": _div(prompt_ms, prompt_n),
+            "prompt_per_second": _div(1e3 * prompt_n, prompt_ms),
+            "predicted_n": predicted_n,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": _div(predicted_ms, predicted_n),
+            "predicted_per_second": _div(1e3 * predicted_n, predicted_ms),
+        }
+
+    # ------------------------------------------------------------------ responses
+
+    @staticmethod
+    def _usage(result: _Result) -> JSON:
+        completion = len(result.gen.tokens)
+        return {
+            "completion_tokens": completion,
+            "prompt_tokens": result.n_prompt,
+            "total_tokens": result.n_prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": result.cache_n},
+        }
+
+    def _response(self, result: _Result) -> JSON:
+        gen = result.gen
+        message: JSON = {"role": "assistant", "content": gen.content}
+        if gen.reasoning:
+            message["reasoning_content"] = gen.reasoning
+        if gen.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                    "id": c.id,
+                }
+                for c in gen.tool_calls
+            ]
+        return {
+            "choices": [{"finish_reason": gen.finish_reason, "index": 0, "message": message}],
+            "created": result.created,
+            "model": result.model,
+            "system_fingerprint": BUILD_INFO,
+            "object": "chat.completion",
+            "usage": self._usage(result),
+            "id": result.id,
+            "timings": result.timings,
+        }
+
+    def _chunk(self, result: _Result, choices: list[JSON]) -> JSON:
+        return {
+            "choices": choices,
+            "created": result.created,
+            "id": result.id,
+            "model": result.model,
+            "system_fingerprint": BUILD_INFO,
+            "object": "chat.completion.chunk",
+        }
+
+    def _delta_chunk(self, result: _Result, delta: JSON) -> JSON:
+        return self._chunk(result, [{"finish_reason": None, "index": 0, "delta": delta}])
+
+    def _progress_chunks(self, result: _Result) -> list[JSON]:
+        total, cache = result.n_prompt, result.cache_n
+        batch = max(1, self.progress_batch)
+        points = [cache, *range(cache + batch, total, batch), total]
+        chunks = []
+        for processed in points:
+            chunk = self._delta_chunk(result, {"role": "assistant", "content": None})
+            chunk["prompt_progress"] = {
+                "total": total,
+                "cache": cache,
+                "processed": processed,
+                "time_ms": int((processed - cache) * self.prompt_ms_per_token),
+            }
+            chunks.append(chunk)
+        return chunks
+
+    def _deltas(self, gen: Generated) -> list[tuple[JSON, int]]:
+        """Stream deltas in llama-server's order, each with its token count."""
+        per = self.tokens_per_chunk
+        deltas: list[tuple[JSON, int]] = [({"role": "assistant", "content": None}, 0)]
+        deltas += [
+            ({"reasoning_content": f}, len(tokenize(f))) for f in fragments(gen.reasoning, per)
+        ]
+        deltas += [({"content": f}, len(tokenize(f))) for f in fragments(gen.content, per)]
+        for i, call in enumerate(gen.tool_calls):
+            head = {"index": i, "id": call.id, "type": "function"}
+            head["function"] = {"name": call.name, "arguments": ""}
+            deltas.append(({"tool_calls": [head]}, 0))
+            deltas += [
+                ({"tool_calls": [{"index": i, "function": {"arguments": f}}]}, len(tokenize(f)))
+                for f in fragments(call.arguments, per)
+            ]
+        return deltas
+
+    def _stream_chunks(self, task: _ChatTask, result: _Result) -> list[JSON]:
+        chunks = self._progress_chunks(result) if task.return_progress else []
+        emitted = 0
+        for delta, n_tokens in self._deltas(result.gen):
+            chunk = self._delta_chunk(result, delta)
+            emitted += n_tokens
+            if task.timings_per_token:
+                chunk["timings"] = self._timings(result.cache_n, result.prompt_n, emitted)
+            chunks.append(chunk)
+        finish = {"finish_reason": result.gen.finish_reason, "index": 0, "delta": {}}
+        chunks.append(self._chunk(result, [finish]))
+        if task.include_usage:
+            chunks.append({**self._chunk(result, []), "usage": self._usage(result)})
+        chunks[-1]["timings"] = result.timings
+        return chunks
+
+    async def _stream(self, task: _ChatTask, reply: Reply, result: _Result, send: Send) -> None:
+        writer = StreamWriter(send)
+        headers = {
+            "server": "llama.cpp",
+            "content-type": "text/event-stream",
+            "keep-alive": "timeout=5, max=100",
+            **reply.headers,
+        }
+        await writer.start(headers)
+        default_error = {"code": 500, "message": "fake mid-stream error", "type": "server_error"}
+        await play_stream(writer, self._stream_chunks(task, result), reply, default_error)
+
+
+# ---------------------------------------------------------------------- request checks
+
+
+def _parse_body(req: HttpRequest) -> JSON:
+    try:
+        body = req.json()
+    except orjson.JSONDecodeError as exc:
+        raise LlamaError(400, f"[json.exception.parse_error.101] parse error: {exc}") from exc
+    if not isinstance(body, dict):
+        raise LlamaError(400, "'messages' is required")
+    return body
+
+
+def _role(msg: JSON) -> str:
+    role = str(msg.get("role"))
+    return "system" if role == "developer" else role
+
+
+def _render_system(system: str, tools: list[Any]) -> str:
+    if tools:
+        lines = "\n".join(orjson.dumps(t).decode() for t in tools)
+        system = f"{system}\n\n# Tools\n\n<tools>\n{lines}\n</tools>".lstrip("\n")
+    return f"<|im_start|>system\n{system}<|im_end|>\n"
+
+
+def _check_response_format(body: JSON) -> None:
+    fmt = body.get("response_format")
+    if "response_format" not in body or not isinstance(fmt, dict):
+        return
+    kind = fmt.get("type")
+    if isinstance(kind, str) and kind not in ("", "text", "json_object", "json_schema"):
+        raise LlamaError(
+            400, f'response_format type must be one of "text" or "json_object", but got: {kind}'
+        )
+
+
+def _check_messages(body: JSON, vision: bool) -> list[JSON]:
+    if "messages" not in body:
+        raise LlamaError(400, "'messages' is required")
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise LlamaError(400, "Expected 'messages' to be an array")
+    for msg in messages:
+        _check_message(msg, vision)
+    return messages
+
+
+def _check_message(msg: Any, vision: bool) -> None:
+    if not isinstance(msg, dict):
+        raise LlamaError(500, f"Failed to parse messages: Expected a message object: {msg!r}")
+    role = msg.get("role")
+    if role != "assistant" and "content" not in msg:
+        raise LlamaError(400, "All non-assistant messages must contain 'content'")
+    if role == "assistant" and "content" not in msg and "tool_calls" not in msg:
+        raise LlamaError(400, "Assistant message must contain either 'content' or 'tool_calls'!")
+    content = msg.get("content")
+    if isinstance(content, list):
+        for part in content:
+            _check_part(part, vision)
+    elif content is not None and not isinstance(content, str):
+        raise LlamaError(400, "Expected 'content' to be a string or an array")
+    if not isinstance(role, str):
+        dumped = orjson.dumps(msg).decode()
+        raise LlamaError(500, f"Failed to parse messages: Missing 'role' in message: {dumped}")
+
+
+def _check_part(part: Any, vision: bool) -> None:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "image_url" and not vision:
+        raise LlamaError(500, f"image {_MMPROJ_HINT}")
+    if kind == "input_audio":
+        raise LlamaError(500, f"audio {_MMPROJ_HINT}")
+    if kind in ("input_video", "video_url"):
+        raise LlamaError(500, f"video {_MMPROJ_HINT}")
+    if kind not in ("text", "image_url"):
+        raise LlamaError(400, "unsupported content[].type")
+
+
+def _parse_tool_choice(body: JSON) -> str:
+    choice = body.get("tool_choice", "auto")
+    if not isinstance(choice, str):
+        return "auto"  # an object (OpenAI's named-function form) is a type mismatch ⇒ default
+    if choice not in _TOOL_CHOICES:
+        raise LlamaError(400, f"Invalid tool_choice: {choice}")
+    return choice
+
+
+def _check_reasoning_format(body: JSON) -> None:
+    value = body.get("reasoning_format")
+    if value is not None and value not in _REASONING_FORMATS:
+        raise LlamaError(500, f"Unknown reasoning format: {value}")
+
+
+def _enable_thinking(kwargs: JSON, body: JSON) -> bool:
+    value = kwargs.get("enable_thinking")
+    if isinstance(value, str):
+        raise LlamaError(400, 'invalid type for "enable_thinking" (expected boolean, got string)')
+    return value is not False and body.get("reasoning_effort") != "none"
+
+
+def _check_logprobs(body: JSON) -> None:
+    if body.get("logprobs") is True:
+        if body.get("tools") and body.get("stream") is True:
+            raise LlamaError(400, "logprobs is not supported with tools + stream")
+    elif body.get("top_logprobs") is not None:
+        raise LlamaError(400, "top_logprobs requires logprobs to be set to true")
+
+
+def _check_n(body: JSON, total_slots: int) -> None:
+    for key in ("n", "n_cmpl"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, int) or not 1 <= value <= total_slots:
+            bounds = f"1 <= value <= {total_slots}"
+            raise LlamaError(400, f"Field '{key}': Value must be between {bounds}, but got {value}")
+
+
+def _first_int(body: JSON, *keys: str) -> int | None:
+    for key in keys:
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _int_or(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _div(a: float, b: float) -> float | None:
+    # llama-server divides doubles; 0/0 and x/0 give NaN/inf, which JSON writes as null.
+    return a / b if b else None

@@ -1,0 +1,89 @@
+"""Configuration: valid files load; every kind of mistake names the key and its line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from boundedcode_gateway.cli.main import main
+from boundedcode_gateway.config import load_config, parse_config
+from boundedcode_gateway.errors import ConfigError
+
+GOOD = """\
+data_dir: .gateway
+ledger: sqlite:///.gateway/ledger.db
+inference:
+  reasoning_history: auto
+models:
+  local:
+    provider: local
+    external_url: http://127.0.0.1:8080
+  gpt:
+    provider: openai
+    model: gpt-5.1
+    api_key_env: OPENAI_API_KEY
+    base_url: https://api.openai.com/v1
+"""
+
+
+def test_the_documented_shape_loads() -> None:
+    config = parse_config(GOOD)
+    assert config.ledger_path == Path(".gateway/ledger.db")
+    assert config.calls_path == Path(".gateway/calls.jsonl")
+    assert config.models["gpt"].upstream_base_url == "https://api.openai.com/v1"
+    assert config.models["local"].upstream_base_url == "http://127.0.0.1:8080/v1"
+    assert config.max_body_bytes == 32 * 1024 * 1024
+    assert config.reasoning_history_for(config.models["gpt"]) == "auto"
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (("reasoning_history: auto", "reasoning_history: auto\n  colour: red"),
+         "<c>:5: inference.colour: unknown key"),
+        (("provider: openai", "provider: opena"), "<c>:10: models.gpt.provider: Input should be"),
+        (("    external_url: http://127.0.0.1:8080\n", ""),
+         "<c>:6: models.local: missing required key 'external_url'"),
+        (("data_dir: .gateway", "data_dir: 3"), "<c>:1: data_dir: Input should be a valid string"),
+        (("api_key_env: OPENAI_API_KEY", "api_key_env: 5"),
+         "<c>:12: models.gpt.api_key_env: Input should be a valid string"),
+        (("    api_key_env: OPENAI_API_KEY\n", ""),
+         "<c>:9: models.gpt: missing required key 'api_key_env'"),
+        (("reasoning_history: auto", "reasoning_history: sometimes"),
+         "<c>:4: inference.reasoning_history: Input should be 'auto', 'keep' or 'drop'"),
+    ],
+)
+def test_mistakes_name_key_and_line(change: tuple[str, str], expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(GOOD.replace(*change), "<c>")
+    assert str(info.value).startswith(expected)
+
+
+def test_missing_models_is_named() -> None:
+    with pytest.raises(ConfigError, match="models: missing required key"):
+        parse_config("data_dir: x\n", "<c>")
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_bad_config_exits_2_with_one_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "g.yaml"
+    path.write_text(GOOD.replace("provider: local", "provider: local\n    colour: red"))
+    assert main(["serve", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "models.local.colour: unknown key" in err[0]
+    assert f"{path}:8" in err[0]
+
+
+def test_provider_without_adapter_stops_start_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "g.yaml"
+    path.write_text("models:\n  c:\n    provider: gemini\n    api_key_env: K\n")
+    from boundedcode_gateway.app import create_app
+
+    with pytest.raises(ConfigError, match="models.c.provider"):
+        create_app(load_config(path))
