@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,7 +36,7 @@ from boundedcode_gateway.providers.base import (
     Upstream,
 )
 from boundedcode_gateway.providers.http import HttpClient, iter_body, read_body
-from boundedcode_gateway.wire.sse import DONE_EVENT, SSEDecoder
+from boundedcode_gateway.wire.sse import DONE_EVENT, SSEDecoder, SSEEvent
 
 CLIENT_CLOSED = 499  # nginx's convention for "the caller went away"
 
@@ -134,6 +135,7 @@ class StreamRelay:
         self._translator = translator
         self._options = options
         self._decoder = SSEDecoder()
+        self._pending: deque[SSEEvent] = deque()
         self._body = iter_body(resp)
         self._eof = False
         self._complete = False
@@ -146,50 +148,72 @@ class StreamRelay:
             t.content_started or t.finished or (self._options.return_progress and t.progress_seen)
         )
 
-    async def _next(self) -> bytes | None:
-        """The caller's bytes for the next upstream read; None at the end of the stream."""
-        if self._eof:
-            return None
+    async def _fill(self) -> bool:
+        """Read until an event is pending; False at the end of the upstream stream."""
+        while not self._pending:
+            if self._eof:
+                return False
+            try:
+                chunk = await anext(self._body)
+            except StopAsyncIteration:
+                self._eof = True
+                self._pending.extend(self._decoder.close())
+            else:
+                self._pending.extend(self._decoder.feed(chunk))
+        return True
+
+    def _drain(self, until_commit: bool) -> tuple[bytes, GatewayError | None]:
+        """Translate pending events into the caller's bytes, stopping at an error.
+
+        ``until_commit`` stops right after the first content-bearing event, so the
+        caller's status is decided by event order, not by how TCP split the bytes.
+        """
         t = self._translator
-        try:
-            chunk = await anext(self._body)
-        except StopAsyncIteration:
-            self._eof = True
-            events = self._decoder.close()
-        else:
-            events = self._decoder.feed(chunk)
         parts: list[bytes] = []
-        for event in events:
-            for payload in t.feed(event.event, event.data):
-                parts += (b"data: ", payload, b"\n\n")
+        error: GatewayError | None = None
+        while self._pending:
+            event = self._pending.popleft()
+            try:
+                for payload in t.feed(event.event, event.data):
+                    parts += (b"data: ", payload, b"\n\n")
+            except GatewayError as exc:
+                error = exc
+                break
+            if until_commit and self._committed():
+                break
         if self._meter.record.ttft_ms is None and t.content_started:
             self._meter.record.ttft_ms = self._meter.ctx.elapsed_ms()
-        if self._eof and not parts:
-            return None
-        return b"".join(parts)
+        return b"".join(parts), error
 
     async def open(self) -> bytes:
         """Read until the first content-bearing event; an error before it raises."""
         held: list[bytes] = []
         while not self._committed():
-            out = await self._next()
-            if out is None:
+            if not await self._fill():
                 raise StreamBroken("the upstream stream ended before any answer")
+            out, error = self._drain(until_commit=True)
+            if error is not None:
+                raise error
             held.append(out)
         return b"".join(held)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The rest of the stream; an error after content becomes an in-stream error object."""
         try:
-            while (out := await self._next()) is not None:
+            while await self._fill():
+                out, error = self._drain(until_commit=False)
                 if out:
                     yield out
+                if error is not None:
+                    raise error
             if not self._translator.finished:
                 raise StreamBroken("the upstream stream ended with no finish reason and no [DONE]")
             self._complete = True
+            self.close()  # recorded before the caller can see the end
             yield DONE_EVENT
         except GatewayError as exc:
             self._error = exc
+            self.close()
             yield b"data: " + orjson.dumps(exc.to_body()) + b"\n\n"
 
     def release(self) -> None:

@@ -124,3 +124,11 @@ def serve_in_thread(
         time.sleep(0.005)
     port = int(server.servers[0].sockets[0].getsockname()[1])
     return RunningServer(server, thread, port)
+
+
+def stop_all(servers: list[RunningServer]) -> None:
+    """Stop several servers at once: all are asked to exit before any is joined."""
+    for srv in servers:
+        srv._server.should_exit = True
+    for srv in servers:
+        srv.stop()

@@ -33,10 +33,17 @@ HISTORY = [
 
 
 def test_unknown_fields_pass_through_and_usage_is_asked_for() -> None:
-    body = {"model": "local", "messages": HISTORY[:1], "stream": True, "top_k": 40,
-            "stream_options": {"include_obfuscation": False}, "x_vendor": {"a": 1}}
-    out = to_openai_compat_request(body, model="gpt-5.1", dialect=OPENAI, options=STREAM,
-                                   takes_reasoning=False)
+    body = {
+        "model": "local",
+        "messages": HISTORY[:1],
+        "stream": True,
+        "top_k": 40,
+        "stream_options": {"include_obfuscation": False},
+        "x_vendor": {"a": 1},
+    }
+    out = to_openai_compat_request(
+        body, model="gpt-5.1", dialect=OPENAI, options=STREAM, takes_reasoning=False
+    )
     assert out["model"] == "gpt-5.1"
     assert out["top_k"] == 40 and out["x_vendor"] == {"a": 1}
     assert out["stream_options"] == {"include_obfuscation": False, "include_usage": True}
@@ -45,36 +52,45 @@ def test_unknown_fields_pass_through_and_usage_is_asked_for() -> None:
 
 def test_non_stream_gets_no_stream_options() -> None:
     body = {"model": "m", "messages": HISTORY[:1]}
-    out = to_openai_compat_request(body, model="m", dialect=OPENAI, options=PLAIN,
-                                   takes_reasoning=False)
+    out = to_openai_compat_request(
+        body, model="m", dialect=OPENAI, options=PLAIN, takes_reasoning=False
+    )
     assert "stream_options" not in out
 
 
 def test_reasoning_removed_where_not_taken() -> None:
     body = {"model": "m", "messages": HISTORY}
-    out = to_openai_compat_request(body, model="m", dialect=OPENAI, options=PLAIN,
-                                   takes_reasoning=False)
+    out = to_openai_compat_request(
+        body, model="m", dialect=OPENAI, options=PLAIN, takes_reasoning=False
+    )
     assert all("reasoning_content" not in m for m in out["messages"])
     assert "reasoning_content" in HISTORY[1]  # the caller's message is not mutated
 
 
 def test_reasoning_kept_on_assistant_turns_only_for_a_taker() -> None:
     body = {"model": "m", "messages": HISTORY}
-    out = to_openai_compat_request(body, model="m", dialect=LLAMA_CPP, options=PLAIN,
-                                   takes_reasoning=True)
+    out = to_openai_compat_request(
+        body, model="m", dialect=LLAMA_CPP, options=PLAIN, takes_reasoning=True
+    )
     assert out["messages"][1]["reasoning_content"] == "greet back"
     assert "reasoning_content" not in out["messages"][2]
 
 
 def test_llama_named_tool_choice_becomes_required_over_that_tool() -> None:
-    body = {"model": "m", "messages": HISTORY[:1], "tools": TOOLS,
-            "tool_choice": {"type": "function", "function": {"name": "write_file"}}}
-    out = to_openai_compat_request(body, model="m", dialect=LLAMA_CPP, options=PLAIN,
-                                   takes_reasoning=False)
+    body = {
+        "model": "m",
+        "messages": HISTORY[:1],
+        "tools": TOOLS,
+        "tool_choice": {"type": "function", "function": {"name": "write_file"}},
+    }
+    out = to_openai_compat_request(
+        body, model="m", dialect=LLAMA_CPP, options=PLAIN, takes_reasoning=False
+    )
     assert out["tool_choice"] == "required"
     assert [t["function"]["name"] for t in out["tools"]] == ["write_file"]
-    kept = to_openai_compat_request(body, model="m", dialect=OPENAI, options=PLAIN,
-                                    takes_reasoning=False)
+    kept = to_openai_compat_request(
+        body, model="m", dialect=OPENAI, options=PLAIN, takes_reasoning=False
+    )
     assert kept["tool_choice"] == body["tool_choice"] and len(kept["tools"]) == 2
 
 
@@ -96,26 +112,62 @@ def test_who_takes_reasoning(dialect, setting, template, expected) -> None:  # t
 
 
 LLAMA_RESPONSE = {
-    "choices": [{"finish_reason": "stop", "index": 0,
-                 "message": {"role": "assistant", "content": "Hi", "reasoning_content": "r"}}],
-    "created": 1, "model": "qwen", "system_fingerprint": "b1-abc", "object": "chat.completion",
-    "usage": {"completion_tokens": 12, "prompt_tokens": 900, "total_tokens": 912,
-              "prompt_tokens_details": {"cached_tokens": 880}},
+    "choices": [
+        {
+            "finish_reason": "stop",
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hi", "reasoning_content": "r"},
+        }
+    ],
+    "created": 1,
+    "model": "qwen",
+    "system_fingerprint": "b1-abc",
+    "object": "chat.completion",
+    "usage": {
+        "completion_tokens": 12,
+        "prompt_tokens": 900,
+        "total_tokens": 912,
+        "prompt_tokens_details": {"cached_tokens": 880},
+    },
     "id": "chatcmpl-1",
-    "timings": {"cache_n": 880, "prompt_n": 20, "prompt_ms": 51.5, "prompt_per_token_ms": 2.5,
-                "prompt_per_second": 400.0, "predicted_n": 12, "predicted_ms": 120.25,
-                "predicted_per_token_ms": 10.0, "predicted_per_second": 100.0},
+    "timings": {
+        "cache_n": 880,
+        "prompt_n": 20,
+        "prompt_ms": 51.5,
+        "prompt_per_token_ms": 2.5,
+        "prompt_per_second": 400.0,
+        "predicted_n": 12,
+        "predicted_ms": 120.25,
+        "predicted_per_token_ms": 10.0,
+        "predicted_per_second": 100.0,
+    },
 }
 
 OPENAI_RESPONSE = {
-    "id": "chatcmpl-2", "object": "chat.completion", "created": 1, "model": "gpt-5.1",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"},
-                 "finish_reason": "stop", "logprobs": None}],
-    "usage": {"prompt_tokens": 2048, "completion_tokens": 300, "total_tokens": 2348,
-              "prompt_tokens_details": {"cached_tokens": 1920, "audio_tokens": 0},
-              "completion_tokens_details": {"reasoning_tokens": 256, "audio_tokens": 0,
-                                            "accepted_prediction_tokens": 0,
-                                            "rejected_prediction_tokens": 0}},
+    "id": "chatcmpl-2",
+    "object": "chat.completion",
+    "created": 1,
+    "model": "gpt-5.1",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hi"},
+            "finish_reason": "stop",
+            "logprobs": None,
+        }
+    ],
+    "usage": {
+        "prompt_tokens": 2048,
+        "completion_tokens": 300,
+        "total_tokens": 2348,
+        "prompt_tokens_details": {"cached_tokens": 1920, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": 256,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
+    },
 }
 
 
@@ -140,8 +192,12 @@ def test_openai_response_evaluated_is_prompt_minus_cached() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "words"),
-    [(b"<html>502 Bad Gateway</html>", "not JSON"), (b'{"choices": []}', "no choices"),
-     (b'{"id": "x"}', "no choices"), (b"[1, 2]", "no choices")],
+    [
+        (b"<html>502 Bad Gateway</html>", "not JSON"),
+        (b'{"choices": []}', "no choices"),
+        (b'{"id": "x"}', "no choices"),
+        (b"[1, 2]", "no choices"),
+    ],
 )
 def test_malformed_200(raw: bytes, words: str) -> None:
     with pytest.raises(MalformedResponse, match=words) as info:
@@ -150,10 +206,18 @@ def test_malformed_200(raw: bytes, words: str) -> None:
 
 
 def test_llama_context_overflow_becomes_context_length_exceeded() -> None:
-    raw = orjson.dumps({"error": {
-        "code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 5000, "n_ctx": 4096,
-        "message": "request (5000 tokens) exceeds the available context size (4096 tokens), "
-                   "try increasing it"}})
+    raw = orjson.dumps(
+        {
+            "error": {
+                "code": 400,
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": 5000,
+                "n_ctx": 4096,
+                "message": "request (5000 tokens) exceeds the available context size "
+                "(4096 tokens), try increasing it",
+            }
+        }
+    )
     err = error_from_openai_compat(400, raw, ())
     assert isinstance(err, ContextLengthExceeded)
     body = err.to_body()["error"]
@@ -163,10 +227,17 @@ def test_llama_context_overflow_becomes_context_length_exceeded() -> None:
 
 
 def test_openai_error_keeps_status_type_code_and_hides_the_key() -> None:
-    raw = orjson.dumps({"error": {
-        "message": "Incorrect API key provided: sk-secret-123. You can find your API key at "
-                   "https://platform.openai.com/account/api-keys.",
-        "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}})
+    raw = orjson.dumps(
+        {
+            "error": {
+                "message": "Incorrect API key provided: sk-secret-123. "
+                "You can find your API key at https://platform.openai.com/account/api-keys.",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "invalid_api_key",
+            }
+        }
+    )
     err = error_from_openai_compat(401, raw, ("sk-secret-123",))
     assert isinstance(err, UpstreamFailure)
     assert err.http_status == 401 and err.code == "invalid_api_key"
@@ -174,8 +245,15 @@ def test_openai_error_keeps_status_type_code_and_hides_the_key() -> None:
 
 
 def test_llama_500_keeps_its_message() -> None:
-    raw = orjson.dumps({"error": {"code": 500, "type": "server_error",
-                                  "message": "Failed to parse tool call arguments as JSON: x"}})
+    raw = orjson.dumps(
+        {
+            "error": {
+                "code": 500,
+                "type": "server_error",
+                "message": "Failed to parse tool call arguments as JSON: x",
+            }
+        }
+    )
     err = error_from_openai_compat(500, raw, ())
     assert err.http_status == 500 and err.type == "server_error" and err.code is None
     assert err.message.startswith("Failed to parse tool call arguments as JSON")

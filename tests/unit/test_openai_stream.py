@@ -11,23 +11,40 @@ from boundedcode_gateway.providers.openai_compat.stream import OpenAIStreamTrans
 
 
 def chunk(**fields: object) -> bytes:
-    base: dict[str, object] = {"id": "c1", "object": "chat.completion.chunk", "created": 1,
-                               "model": "qwen"}
+    base: dict[str, object] = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "qwen",
+    }
     return orjson.dumps({**base, **fields})
 
 
-ROLE = chunk(choices=[{"index": 0, "delta": {"role": "assistant", "content": None},
-                       "finish_reason": None}])
-PROGRESS = chunk(choices=[{"index": 0, "delta": {"role": "assistant", "content": None},
-                           "finish_reason": None}],
-                 prompt_progress={"total": 100, "cache": 60, "processed": 80, "time_ms": 12})
+ROLE = chunk(
+    choices=[{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}]
+)
+PROGRESS = chunk(
+    choices=[{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}],
+    prompt_progress={"total": 100, "cache": 60, "processed": 80, "time_ms": 12},
+)
 TEXT = chunk(choices=[{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}])
 FINISH = chunk(choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}])
-USAGE = chunk(choices=[], usage={"prompt_tokens": 100, "completion_tokens": 2,
-                                 "total_tokens": 102,
-                                 "prompt_tokens_details": {"cached_tokens": 60}},
-              timings={"cache_n": 60, "prompt_n": 40, "prompt_ms": 80.0, "predicted_n": 2,
-                       "predicted_ms": 20.0})
+USAGE = chunk(
+    choices=[],
+    usage={
+        "prompt_tokens": 100,
+        "completion_tokens": 2,
+        "total_tokens": 102,
+        "prompt_tokens_details": {"cached_tokens": 60},
+    },
+    timings={
+        "cache_n": 60,
+        "prompt_n": 40,
+        "prompt_ms": 80.0,
+        "predicted_n": 2,
+        "predicted_ms": 20.0,
+    },
+)
 
 
 def run(options: RequestOptions, events: list[bytes]) -> tuple[OpenAIStreamTranslator, list[bytes]]:
@@ -60,8 +77,14 @@ def test_role_chunk_is_not_content() -> None:
     assert not t.content_started and not t.finished
 
 
-@pytest.mark.parametrize("delta", [{"reasoning_content": "hm"}, {"refusal": "no"},
-                                   {"tool_calls": [{"index": 0, "id": "call_1"}]}])
+@pytest.mark.parametrize(
+    "delta",
+    [
+        {"reasoning_content": "hm"},
+        {"refusal": "no"},
+        {"tool_calls": [{"index": 0, "id": "call_1"}]},
+    ],
+)
 def test_reasoning_tool_calls_and_refusals_are_content(delta: dict[str, object]) -> None:
     data = chunk(choices=[{"index": 0, "delta": delta, "finish_reason": None}])
     t, _ = run(RequestOptions(True, False, False), [data])
@@ -82,9 +105,16 @@ def test_llama_error_event_raises_with_its_status() -> None:
 
 
 def test_overflow_event_is_context_length_exceeded() -> None:
-    data = orjson.dumps({"error": {"code": 400, "type": "exceed_context_size_error",
-                                   "message": "request (9 tokens) exceeds the available context "
-                                              "size (8 tokens), try increasing it"}})
+    data = orjson.dumps(
+        {
+            "error": {
+                "code": 400,
+                "type": "exceed_context_size_error",
+                "message": "request (9 tokens) exceeds the available context "
+                "size (8 tokens), try increasing it",
+            }
+        }
+    )
     with pytest.raises(ContextLengthExceeded):
         OpenAIStreamTranslator(RequestOptions(True, False, False)).feed("", data)
 

@@ -1,0 +1,132 @@
+"""End-to-end harness: fake upstreams and the gateway, each on 127.0.0.1 in its own thread."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+import orjson
+import pytest
+import yaml
+
+from boundedcode_gateway.app import GatewayApp, create_app
+from boundedcode_gateway.config import parse_config
+from boundedcode_gateway.metering.calllog import read_calls
+from tests.fakes.llama_server import FakeLlamaServer
+from tests.fakes.openai_api import FakeOpenAI
+from tests.fakes.server import RunningServer, serve_in_thread, stop_all
+
+OPENAI_KEY = "sk-test-key-0123456789"
+COMPAT_KEY = "compat-key-9876543210"
+
+
+@dataclass
+class Upstreams:
+    """The fakes of one test, and the model profiles that point at them."""
+
+    llama: FakeLlamaServer
+    other_local: FakeLlamaServer
+    openai: FakeOpenAI
+    compat: FakeOpenAI
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class Gateway:
+    """A running gateway and what it wrote."""
+
+    app: GatewayApp
+    server: RunningServer
+    data_dir: Path
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def client(self, task: str | None = None, purpose: str | None = None) -> openai.OpenAI:
+        headers = {}
+        if task:
+            headers["X-BoundedCode-Task"] = task
+        if purpose:
+            headers["X-BoundedCode-Purpose"] = purpose
+        return openai.OpenAI(
+            base_url=self.url + "/v1", api_key="unused", default_headers=headers, max_retries=0
+        )
+
+    def calls(self) -> list[dict[str, Any]]:
+        assert self.app.writer.flush(10.0)
+        return read_calls(self.data_dir / "calls.jsonl")
+
+    def ledger_rows(self) -> list[dict[str, Any]]:
+        assert self.app.writer.flush(10.0)
+        with sqlite3.connect(self.data_dir / "ledger.db") as db:
+            db.row_factory = sqlite3.Row
+            rows = db.execute("SELECT * FROM model_calls ORDER BY started_at, rowid").fetchall()
+        return [dict(r) for r in rows]
+
+
+@pytest.fixture
+def upstreams(monkeypatch: pytest.MonkeyPatch) -> Iterator[Upstreams]:
+    monkeypatch.setenv("TEST_OPENAI_KEY", OPENAI_KEY)
+    monkeypatch.setenv("TEST_COMPAT_KEY", COMPAT_KEY)
+    llama = FakeLlamaServer()
+    other = FakeLlamaServer(props_enabled=False, thinking=False)
+    oai = FakeOpenAI(api_key=OPENAI_KEY, models={"gpt-5.1"})
+    compat = FakeOpenAI(api_key=COMPAT_KEY, models={"glm-5"}, path_prefix="/api/paas/v4")
+    servers = [serve_in_thread(f.app) for f in (llama, other, oai, compat)]
+    try:
+        ups = Upstreams(llama, other, oai, compat)
+        ups.profiles = {
+            "local": {"provider": "local", "external_url": servers[0].url},
+            "other": {"provider": "local", "external_url": servers[1].url},
+            "gpt": {
+                "provider": "openai",
+                "model": "gpt-5.1",
+                "api_key_env": "TEST_OPENAI_KEY",
+                "base_url": servers[2].url + "/v1",
+            },
+            "glm": {
+                "provider": "openai-compatible",
+                "model": "glm-5",
+                "api_key_env": "TEST_COMPAT_KEY",
+                "base_url": servers[3].url + "/api/paas/v4",
+            },
+        }
+        yield ups
+    finally:
+        stop_all(servers)
+
+
+GatewayFactory = Callable[..., Gateway]
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path) -> Iterator[GatewayFactory]:
+    """Start a gateway with the given model profiles (and top-level settings)."""
+    running: list[Gateway] = []
+
+    def start(models: dict[str, dict[str, Any]], **settings: Any) -> Gateway:
+        data_dir = tmp_path / f"gw{len(running)}"
+        text = yaml.safe_dump({"data_dir": str(data_dir), **settings, "models": models})
+        app = create_app(parse_config(text))
+        server = serve_in_thread(app, lifespan="on")
+        gw = Gateway(app, server, data_dir)
+        running.append(gw)
+        return gw
+
+    yield start
+    stop_all([gw.server for gw in running])
+
+
+@pytest.fixture
+def gateway(upstreams: Upstreams, start_gateway: GatewayFactory) -> Gateway:
+    """A gateway with one profile per upstream kind: local, other, gpt, glm."""
+    return start_gateway(upstreams.profiles)
+
+
+def json_of(raw: bytes) -> Any:
+    return orjson.loads(raw)
