@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -23,13 +26,31 @@ def _loop() -> str:
     return "uvloop"
 
 
+class _GatewayServer(uvicorn.Server):
+    """uvicorn, but a stop signal ends the process with status 0 once shutdown is done."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn re-raises the captured signal after shutdown, which would turn a clean
+        # stop into a death by signal; the first signal drains, a second one forces
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def run_serve(config: GatewayConfig, host: str, port: int) -> int:
     """Serve until stopped; uvicorn turns SIGINT/SIGTERM into a graceful shutdown."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     app = create_app(config)
-    server = uvicorn.Server(
+    server = _GatewayServer(
         uvicorn.Config(
             app,
             host=host,

@@ -1,0 +1,120 @@
+"""The command line: serve shuts down cleanly on SIGTERM/SIGINT with in-flight calls recorded,
+and `calls` prints them."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from boundedcode_gateway.metering.calllog import read_calls
+from tests.fakes.common import Reply
+from tests.fakes.llama_server import FakeLlamaServer
+from tests.fakes.server import serve_in_thread
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_serve(config: Path, port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "boundedcode_gateway", "serve", "--config", str(config),
+         "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(proc.communicate()[0].decode())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_lets_in_flight_calls_finish_and_be_recorded(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    fake = FakeLlamaServer()
+    fake.queue(Reply(content="slow answer", delay_ms=1200),
+               Reply(content="a slow stream of words " * 3, chunk_delay_ms=60))
+    with serve_in_thread(fake.app) as upstream:
+        config = tmp_path / "gateway.yaml"
+        config.write_text(yaml.safe_dump({
+            "data_dir": str(tmp_path / "data"),
+            "models": {"local": {"provider": "local", "external_url": upstream.url}}}))
+        port = free_port()
+        proc = start_serve(config, port)
+        results: dict[str, Any] = {}
+
+        def call(name: str, stream: bool) -> None:
+            resp = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=20, json={
+                "model": "local", "stream": stream,
+                "messages": [{"role": "user", "content": name}]})
+            results[name] = (resp.status_code, resp.text)
+
+        threads = [threading.Thread(target=call, args=("plain", False)),
+                   threading.Thread(target=call, args=("streamed", True))]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        proc.send_signal(sig)
+        for t in threads:
+            t.join(20)
+        output = proc.communicate(timeout=30)[0].decode()
+    assert proc.returncode == 0, output
+    assert results["plain"][0] == 200 and '"finish_reason":"stop"' in results["plain"][1]
+    assert results["streamed"][0] == 200 and results["streamed"][1].endswith("data: [DONE]\n\n")
+    calls = read_calls(tmp_path / "data" / "calls.jsonl")
+    assert sorted(c["stream"] for c in calls) == [False, True]
+    assert all(c["status"] == "ok" for c in calls)
+
+
+def test_calls_command_prints_the_table(tmp_path: Path) -> None:
+    fake = FakeLlamaServer()
+    with serve_in_thread(fake.app) as upstream:
+        config = tmp_path / "gateway.yaml"
+        config.write_text(yaml.safe_dump({
+            "data_dir": str(tmp_path / "data"),
+            "models": {"local": {"provider": "local", "external_url": upstream.url}}}))
+        port = free_port()
+        proc = start_serve(config, port)
+        try:
+            for task in ("alpha", "beta", "alpha"):
+                httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=10,
+                           headers={"X-BoundedCode-Task": task},
+                           json={"model": "local", "messages": [{"role": "user", "content": "x"}]})
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "boundedcode_gateway", "calls", "--config", str(config),
+         "--task", "alpha"], capture_output=True, text=True, check=True).stdout
+    lines = out.strip().splitlines()
+    assert lines[0].split()[:4] == ["started", "task", "purpose", "model"]
+    assert len(lines) == 3
+    assert all(" alpha " in line for line in lines[1:])
+    assert "beta" not in out
+
+
+def test_bad_config_exits_2(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text("models:\n  local:\n    provider: local\n    external_url: 8080\n")
+    proc = subprocess.run([sys.executable, "-m", "boundedcode_gateway", "serve", "--config",
+                           str(config)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert "models.local.external_url" in proc.stderr and ":4:" in proc.stderr
