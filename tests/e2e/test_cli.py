@@ -30,9 +30,18 @@ def free_port() -> int:
 
 def start_serve(config: Path, port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "boundedcode_gateway", "serve", "--config", str(config),
-         "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "boundedcode_gateway",
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -50,25 +59,40 @@ def test_stop_signal_lets_in_flight_calls_finish_and_be_recorded(
     tmp_path: Path, sig: signal.Signals
 ) -> None:
     fake = FakeLlamaServer()
-    fake.queue(Reply(content="slow answer", delay_ms=1200),
-               Reply(content="a slow stream of words " * 3, chunk_delay_ms=60))
+    fake.queue(
+        Reply(content="slow answer", delay_ms=1200),
+        Reply(content="a slow stream of words " * 3, chunk_delay_ms=60),
+    )
     with serve_in_thread(fake.app) as upstream:
         config = tmp_path / "gateway.yaml"
-        config.write_text(yaml.safe_dump({
-            "data_dir": str(tmp_path / "data"),
-            "models": {"local": {"provider": "local", "external_url": upstream.url}}}))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "data_dir": str(tmp_path / "data"),
+                    "models": {"local": {"provider": "local", "external_url": upstream.url}},
+                }
+            )
+        )
         port = free_port()
         proc = start_serve(config, port)
         results: dict[str, Any] = {}
 
         def call(name: str, stream: bool) -> None:
-            resp = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=20, json={
-                "model": "local", "stream": stream,
-                "messages": [{"role": "user", "content": name}]})
+            resp = httpx.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                timeout=20,
+                json={
+                    "model": "local",
+                    "stream": stream,
+                    "messages": [{"role": "user", "content": name}],
+                },
+            )
             results[name] = (resp.status_code, resp.text)
 
-        threads = [threading.Thread(target=call, args=("plain", False)),
-                   threading.Thread(target=call, args=("streamed", True))]
+        threads = [
+            threading.Thread(target=call, args=("plain", False)),
+            threading.Thread(target=call, args=("streamed", True)),
+        ]
         for t in threads:
             t.start()
         time.sleep(0.5)
@@ -88,22 +112,42 @@ def test_calls_command_prints_the_table(tmp_path: Path) -> None:
     fake = FakeLlamaServer()
     with serve_in_thread(fake.app) as upstream:
         config = tmp_path / "gateway.yaml"
-        config.write_text(yaml.safe_dump({
-            "data_dir": str(tmp_path / "data"),
-            "models": {"local": {"provider": "local", "external_url": upstream.url}}}))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "data_dir": str(tmp_path / "data"),
+                    "models": {"local": {"provider": "local", "external_url": upstream.url}},
+                }
+            )
+        )
         port = free_port()
         proc = start_serve(config, port)
         try:
             for task in ("alpha", "beta", "alpha"):
-                httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=10,
-                           headers={"X-BoundedCode-Task": task},
-                           json={"model": "local", "messages": [{"role": "user", "content": "x"}]})
+                httpx.post(
+                    f"http://127.0.0.1:{port}/v1/chat/completions",
+                    timeout=10,
+                    headers={"X-BoundedCode-Task": task},
+                    json={"model": "local", "messages": [{"role": "user", "content": "x"}]},
+                )
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=30)
     out = subprocess.run(
-        [sys.executable, "-m", "boundedcode_gateway", "calls", "--config", str(config),
-         "--task", "alpha"], capture_output=True, text=True, check=True).stdout
+        [
+            sys.executable,
+            "-m",
+            "boundedcode_gateway",
+            "calls",
+            "--config",
+            str(config),
+            "--task",
+            "alpha",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     lines = out.strip().splitlines()
     assert lines[0].split()[:4] == ["started", "task", "purpose", "model"]
     assert len(lines) == 3
@@ -114,7 +158,11 @@ def test_calls_command_prints_the_table(tmp_path: Path) -> None:
 def test_bad_config_exits_2(tmp_path: Path) -> None:
     config = tmp_path / "gateway.yaml"
     config.write_text("models:\n  local:\n    provider: local\n    external_url: 8080\n")
-    proc = subprocess.run([sys.executable, "-m", "boundedcode_gateway", "serve", "--config",
-                           str(config)], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "boundedcode_gateway", "serve", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 2
     assert "models.local.external_url" in proc.stderr and ":4:" in proc.stderr
