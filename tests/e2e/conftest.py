@@ -42,6 +42,7 @@ class Gateway:
     app: GatewayApp
     server: RunningServer
     data_dir: Path
+    clients: list[openai.OpenAI] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -53,9 +54,17 @@ class Gateway:
             headers["X-BoundedCode-Task"] = task
         if purpose:
             headers["X-BoundedCode-Purpose"] = purpose
-        return openai.OpenAI(
+        client = openai.OpenAI(
             base_url=self.url + "/v1", api_key="unused", default_headers=headers, max_retries=0
         )
+        self.clients.append(client)
+        return client
+
+    def stop(self) -> None:
+        """Close the clients this test made, then the gateway."""
+        for client in self.clients:
+            client.close()
+        self.server.stop()
 
     def calls(self) -> list[dict[str, Any]]:
         assert self.app.writer.flush(10.0)
@@ -119,6 +128,9 @@ def start_gateway(tmp_path: Path) -> Iterator[GatewayFactory]:
         return gw
 
     yield start
+    for gw in running:
+        for client in gw.clients:
+            client.close()
     stop_all([gw.server for gw in running])
 
 

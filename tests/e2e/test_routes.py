@@ -13,8 +13,9 @@ HELLO: list[Any] = [{"role": "user", "content": "hello"}]
 
 
 def test_task_in_the_path(gateway: Gateway, upstreams: Upstreams) -> None:
-    client = openai.OpenAI(base_url=gateway.url + "/tasks/run-7.b/v1", api_key="x", max_retries=0)
-    client.chat.completions.create(model="local", messages=HELLO)
+    base = gateway.url + "/tasks/run-7.b/v1"
+    with openai.OpenAI(base_url=base, api_key="x", max_retries=0) as client:
+        client.chat.completions.create(model="local", messages=HELLO)
     assert gateway.calls()[0]["task"] == "run-7.b"
 
 

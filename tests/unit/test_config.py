@@ -47,7 +47,7 @@ def test_the_documented_shape_loads() -> None:
         (("provider: openai", "provider: opena"), "<c>:10: models.gpt.provider: Input should be"),
         (
             ("    external_url: http://127.0.0.1:8080\n", ""),
-            "<c>:6: models.local: missing required key 'external_url'",
+            "<c>:6: models.local: provider 'local' needs exactly one of 'external_url'",
         ),
         (("data_dir: .gateway", "data_dir: 3"), "<c>:1: data_dir: Input should be a valid string"),
         (

@@ -38,6 +38,21 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=DEFAULT_PORT)
     check = sub.add_parser("check-config", help="validate a configuration file and exit")
     check.add_argument("--config")
+    llama = sub.add_parser("llama-server", help="show the llama-server a profile runs")
+    llama.add_argument("profile")
+    llama.add_argument("--config")
+    llama.add_argument(
+        "--print", action="store_true", required=True, help="print the command line and environment"
+    )
+    chat = sub.add_parser("chat", help="chat with a running gateway in the terminal")
+    chat.add_argument("--url", default=f"http://{DEFAULT_HOST}:{DEFAULT_PORT}")
+    chat.add_argument("--model", default="local")
+    chat.add_argument("--history", help="JSON file of earlier messages to start from")
+    chat.add_argument(
+        "--message",
+        action="append",
+        help="send this message instead of reading the terminal (repeatable)",
+    )
     calls = sub.add_parser("calls", help="print recent calls as a table")
     calls.add_argument("--config")
     calls.add_argument("--task")
@@ -48,12 +63,20 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console command."""
     args = _parser().parse_args(argv)
+    if args.command == "chat":
+        from boundedcode_gateway.cli.chat import run_chat
+
+        return run_chat(args.url, args.model, args.history, args.message)
     try:
         config = resolve_config(args.config)
         if args.command == "serve":
             from boundedcode_gateway.cli.serve import run_serve
 
             return run_serve(config, args.host, args.port)
+        if args.command == "llama-server":
+            from boundedcode_gateway.cli.llama_server import run_print
+
+            return run_print(config, args.profile)
         if args.command == "check-config":
             print(f"configuration ok: {len(config.models)} model profile(s)")
             return 0

@@ -103,6 +103,10 @@ class Upstream(Protocol):
     provider: str
     upstream_model: str
 
+    async def start(self) -> None:
+        """Bring up what the profile runs itself (a managed server); no-op otherwise."""
+        ...
+
     async def capabilities(self) -> Capabilities:
         """What this profile's model supports (may ask the upstream once)."""
         ...

@@ -14,8 +14,11 @@ from typing import Any
 
 import orjson
 
-from boundedcode_gateway.config import GatewayConfig, ModelProfile
+from boundedcode_gateway.config import GatewayConfig, ModelProfile, ServerSettings
 from boundedcode_gateway.errors import GatewayError, MissingApiKey
+from boundedcode_gateway.llama_server.flags import ServerCommand, server_command
+from boundedcode_gateway.llama_server.launcher import ManagedLlamaServer
+from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
 from boundedcode_gateway.providers.base import (
     CallMetrics,
     Capabilities,
@@ -71,7 +74,7 @@ class OpenAICompatUpstream:
         self._template_preserves = False
         self._caps: Capabilities | None = None
         self._caps_lock = asyncio.Lock()
-        self._url = profile.upstream_base_url + "/chat/completions"
+        self.managed = _managed_server(name, profile, config, http)
 
     @property
     def dialect(self) -> Dialect:
@@ -99,10 +102,26 @@ class OpenAICompatUpstream:
                 self._caps = await self._read_props()
             return self._caps or self._assumed()
 
+    def _server_root(self) -> str:
+        """Where a local server listens (a managed one moves to a new port on restart)."""
+        if self.managed is not None:
+            return self.managed.base_url()
+        return (self._profile.external_url or "").rstrip("/")
+
+    def _chat_url(self) -> str:
+        if self.provider == "local":
+            return self._server_root() + "/v1/chat/completions"
+        return self._profile.upstream_base_url + "/chat/completions"
+
+    async def start(self) -> None:
+        """Start the managed llama-server, if the profile has one."""
+        if self.managed is not None:
+            await self.managed.start()
+
     async def _read_props(self) -> Capabilities | None:
-        base = self._profile.external_url or ""
         try:
-            resp = await self._http.send("GET", base.rstrip("/") + "/props", self._auth_headers())
+            url = self._server_root() + "/props"
+            resp = await self._http.send("GET", url, self._auth_headers())
             raw = await read_body(resp)
         except GatewayError as exc:
             log.warning("model %s: cannot read /props yet: %s", self.name, exc.message)
@@ -153,7 +172,7 @@ class OpenAICompatUpstream:
         if self._dialect.idempotency_key:
             headers["Idempotency-Key"] = call_id
         return PreparedRequest(
-            url=self._url,
+            url=self._chat_url(),
             headers=headers,
             body=orjson.dumps(out),
             stream=options.stream,
@@ -173,7 +192,25 @@ class OpenAICompatUpstream:
         return error_from_openai_compat(status, raw, self._secrets())
 
     async def close(self) -> None:
+        if self.managed is not None:
+            await self.managed.stop()
+
+
+def _managed_server(
+    name: str, profile: ModelProfile, config: GatewayConfig, http: HttpClient
+) -> ManagedLlamaServer | None:
+    """The llama-server the gateway runs for a ``model_path`` profile (checked at start-up)."""
+    if not profile.model_path:
         return None
+    binary = find_llama_server(config.llama_server_bin)
+    model = str(resolve_model_path(profile.model_path, f"models.{name}.model_path"))
+    settings = profile.server or ServerSettings()
+
+    def command_for_port(port: int) -> ServerCommand:
+        return server_command(binary, model, port, name, settings)
+
+    log_path = config.data_path / "llama-server" / f"{name}.log"
+    return ManagedLlamaServer(name, command_for_port, log_path, settings.startup_timeout_s, http)
 
 
 def _json_object(raw: bytes) -> dict[str, Any] | None:

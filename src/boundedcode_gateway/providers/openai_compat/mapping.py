@@ -67,6 +67,9 @@ def to_openai_compat_request(
         stream_options = dict(out.get("stream_options") or {})
         stream_options["include_usage"] = True
         out["stream_options"] = stream_options
+        if dialect.prompt_progress:
+            # metered whatever the caller asked; relayed only to callers who asked
+            out["return_progress"] = True
     messages = outgoing_messages(body["messages"], takes_reasoning)
     if messages is not body["messages"]:
         out["messages"] = messages
@@ -106,6 +109,17 @@ def read_timings(timings: dict[str, Any], metrics: CallMetrics) -> None:
         metrics.prefill_ms = float(prompt_ms)
     if isinstance(predicted_ms, int | float):
         metrics.decode_ms = float(predicted_ms)
+
+
+def read_progress(progress: dict[str, Any], metrics: CallMetrics) -> None:
+    """Prompt size and cache hit from llama.cpp's ``prompt_progress``, before usage arrives."""
+    total = _int_or_none(progress.get("total"))
+    cache = _int_or_none(progress.get("cache"))
+    if total is None or cache is None:
+        return
+    metrics.prompt_tokens = total
+    metrics.cached_tokens = cache
+    metrics.evaluated_tokens = total - cache
 
 
 def read_answer_metrics(obj: dict[str, Any], metrics: CallMetrics) -> None:

@@ -17,6 +17,7 @@ from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
 from boundedcode_gateway.providers.openai_compat.mapping import (
     error_from_stream_event,
     read_answer_metrics,
+    read_progress,
 )
 from boundedcode_gateway.wire.sse import DONE
 
@@ -60,7 +61,10 @@ class OpenAIStreamTranslator:
         if "error" in obj:
             raise error_from_stream_event(obj["error"], self._secrets)
         read_answer_metrics(obj, self.metrics)
-        if "prompt_progress" in obj:
+        progress = obj.get("prompt_progress")
+        if progress is not None:
+            if isinstance(progress, dict):
+                read_progress(progress, self.metrics)
             self.progress_seen = True
             return (data,) if self._forward_progress else _NOTHING
         choices = obj.get("choices")

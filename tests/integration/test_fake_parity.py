@@ -1,0 +1,186 @@
+"""The fake llama-server agrees with the real one on shapes, fields, statuses and error bodies.
+
+Each scenario runs against both, directly (not through the gateway), and compares
+what a client can rely on: keys present, chunk order, status codes, error texts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Gateway
+from tests.fakes.common import parse_sse
+from tests.fakes.llama_server import FakeLlamaServer
+from tests.fakes.server import serve_in_thread
+from tests.integration.conftest import server_url
+
+HELLO = [{"role": "user", "content": "Say hello to the team."}]
+
+
+@pytest.fixture(scope="module")
+def fake_url() -> Iterator[str]:
+    # SmolLM2 is not a reasoning model, and "tuned" has 2 slots of 512 tokens
+    fake = FakeLlamaServer(
+        thinking=False,
+        supports_preserve_reasoning=False,
+        supports_tools=False,
+        n_ctx=512,
+        total_slots=2,
+    )
+    with serve_in_thread(fake.app) as srv:
+        yield srv.url
+
+
+@pytest.fixture
+def both(real: Gateway, fake_url: str) -> dict[str, str]:
+    return {"real": server_url(real, "tuned"), "fake": fake_url}
+
+
+def post(url: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+
+
+def each(both: dict[str, str], fn: Any) -> tuple[Any, Any]:
+    return fn(both["real"]), fn(both["fake"])
+
+
+def shape(obj: Any) -> Any:
+    """Keys and value types, recursively; lists by their first item."""
+    if isinstance(obj, dict):
+        return {k: shape(v) for k, v in sorted(obj.items())}
+    if isinstance(obj, list):
+        return [shape(obj[0])] if obj else []
+    if isinstance(obj, bool):
+        return "bool"
+    if isinstance(obj, int | float):
+        return "number"
+    return type(obj).__name__
+
+
+def test_non_stream_response(both: dict[str, str]) -> None:
+    real, fake = each(both, lambda u: post(u, {"messages": HELLO, "max_tokens": 8}))
+    assert real.status_code == fake.status_code == 200
+    r, f = real.json(), fake.json()
+    assert shape(r) == shape(f)
+    assert r["object"] == f["object"] == "chat.completion"
+    assert r["choices"][0]["finish_reason"] in ("stop", "length")
+    assert real.headers["server"] == fake.headers["server"] == "llama.cpp"
+
+
+def _kinds(events: list[Any]) -> list[str]:
+    kinds = []
+    for e in events:
+        if e == "[DONE]":
+            kinds.append("done")
+        elif "prompt_progress" in e:
+            kinds.append("progress")
+        elif not e["choices"]:
+            kinds.append("usage")
+        elif e["choices"][0]["finish_reason"]:
+            kinds.append("finish")
+        elif e["choices"][0]["delta"].get("role"):
+            kinds.append("role")
+        else:
+            kinds.append("content")
+    return kinds
+
+
+def _collapse(kinds: list[str]) -> list[str]:
+    return [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k]
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_stream_order_and_fields(both: dict[str, str], progress: bool) -> None:
+    body = {
+        "messages": HELLO,
+        "max_tokens": 8,
+        "stream": True,
+        "return_progress": progress,
+        "stream_options": {"include_usage": True},
+    }
+    real, fake = each(both, lambda u: post(u, body))
+    assert real.status_code == fake.status_code == 200
+    assert real.headers["content-type"].startswith("text/event-stream")
+    assert fake.headers["content-type"].startswith("text/event-stream")
+    r_events, f_events = parse_sse(real.content), parse_sse(fake.content)
+    expected = ["role", "content", "finish", "usage", "done"]
+    if progress:
+        expected = ["progress", *expected]
+    assert _collapse(_kinds(r_events)) == _collapse(_kinds(f_events)) == expected
+    for events in (r_events, f_events):
+        objs = [e for e in events if isinstance(e, dict)]
+        assert len({(e["id"], e["created"], e["model"]) for e in objs}) == 1
+        assert "timings" in objs[-1] and not any("timings" in e for e in objs[:-1])
+        assert all(e["object"] == "chat.completion.chunk" for e in objs)
+    for kind in ("role", "content", "finish", "usage", *(["progress"] if progress else [])):
+        r = next(e for e, k in zip(r_events, _kinds(r_events), strict=True) if k == kind)
+        f = next(e for e, k in zip(f_events, _kinds(f_events), strict=True) if k == kind)
+        assert shape(r) == shape(f), kind
+
+
+def test_context_overflow_body(both: dict[str, str]) -> None:
+    long = [{"role": "user", "content": "overflow " * 900}]
+    for body in ({"messages": long}, {"messages": long, "stream": True}):
+        real, fake = each(both, lambda u, b=body: post(u, b))
+        assert real.status_code == fake.status_code == 400
+        r, f = real.json()["error"], fake.json()["error"]
+        assert set(r) == set(f) == {"code", "message", "type", "n_prompt_tokens", "n_ctx"}
+        assert r["type"] == f["type"] == "exceed_context_size_error"
+        assert r["n_ctx"] == f["n_ctx"] == 512
+        pattern = (
+            r"request \(\d+ tokens\) exceeds the available context size \(512 tokens\), "
+            r"try increasing it"
+        )
+        assert re.fullmatch(pattern, r["message"]) and re.fullmatch(pattern, f["message"])
+        assert real.headers.get("connection") == fake.headers.get("connection") == "close"
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "message"),
+    [
+        ({"tool_choice": "sometimes"}, 400, "Invalid tool_choice: sometimes"),
+        (
+            {"response_format": {"type": "xml"}},
+            400,
+            'response_format type must be one of "text" or "json_object", but got: xml',
+        ),
+        ({"n": 5}, 400, None),
+    ],
+)
+def test_request_errors(
+    both: dict[str, str], extra: dict[str, Any], status: int, message: str | None
+) -> None:
+    real, fake = each(both, lambda u: post(u, {"messages": HELLO, "max_tokens": 4, **extra}))
+    assert real.status_code == fake.status_code == status
+    r, f = real.json()["error"], fake.json()["error"]
+    assert r["type"] == f["type"]
+    if message is not None:
+        assert r["message"] == f["message"] == message
+    else:
+        assert r["message"] == f["message"]
+
+
+def test_health_props_and_unknown_path(both: dict[str, str]) -> None:
+    real, fake = each(both, lambda u: httpx.get(u + "/health", timeout=10))
+    assert real.status_code == fake.status_code == 200 and real.json() == fake.json()
+    real, fake = each(both, lambda u: httpx.get(u + "/props", timeout=10))
+    r, f = real.json(), fake.json()
+    assert set(r["chat_template_caps"]) == set(f["chat_template_caps"])
+    missing = {
+        "default_generation_settings",
+        "total_slots",
+        "model_alias",
+        "modalities",
+        "chat_template",
+        "chat_template_caps",
+        "build_info",
+    } - set(f)
+    assert not missing
+    real, fake = each(both, lambda u: httpx.get(u + "/nowhere", timeout=10))
+    assert real.status_code == fake.status_code == 404
+    assert real.json() == fake.json()

@@ -1,0 +1,50 @@
+"""The chat client's progress line, in the spec's words."""
+
+from __future__ import annotations
+
+import io
+
+from boundedcode_gateway.cli.chat import CLEAR_LINE, format_tokens, progress_line, show_answer
+
+
+def test_format_tokens() -> None:
+    assert [format_tokens(n) for n in (0, 950, 1000, 3140, 12449)] == [
+        "0",
+        "950",
+        "1.0k",
+        "3.1k",
+        "12.4k",
+    ]
+
+
+def test_progress_line_counts_new_tokens_only() -> None:
+    line = progress_line({"total": 9000, "cache": 1200, "processed": 4300, "time_ms": 10})
+    assert line == "reading the conversation: 3.1k of 7.8k new tokens"
+
+
+def test_answer_replaces_the_progress_line() -> None:
+    out = io.StringIO()
+    chunks = [
+        {
+            "choices": [{"delta": {"role": "assistant"}}],
+            "prompt_progress": {"total": 3000, "cache": 0, "processed": 0, "time_ms": 0},
+        },
+        {
+            "choices": [{"delta": {"role": "assistant"}}],
+            "prompt_progress": {"total": 3000, "cache": 0, "processed": 3000, "time_ms": 900},
+        },
+        {"choices": [{"delta": {"reasoning_content": "hmm "}}]},
+        {"choices": [{"delta": {"content": "Hello"}}]},
+        {"choices": [], "usage": {"prompt_tokens": 3000}},
+    ]
+    message = show_answer(iter(chunks), out)
+    assert message == {"role": "assistant", "content": "Hello", "reasoning_content": "hmm "}
+    screen = out.getvalue()
+    assert screen == (
+        CLEAR_LINE
+        + "reading the conversation: 0 of 3.0k new tokens"
+        + CLEAR_LINE
+        + "reading the conversation: 3.0k of 3.0k new tokens"
+        + CLEAR_LINE
+        + "hmm Hello\n"
+    )

