@@ -52,6 +52,13 @@ class ServerSettings(_Strict):
         return data
 
 
+class RetrySettings(_Strict):
+    """``retry:`` of a profile: the most a call may be resent, in attempts and seconds."""
+
+    max_attempts: int = Field(default=4, ge=1)
+    max_total_s: float = Field(default=60.0, gt=0)
+
+
 class ModelProfile(_Strict):
     """One entry under ``models:``: where a model name is sent and how."""
 
@@ -63,6 +70,7 @@ class ModelProfile(_Strict):
     base_url: str | None = None
     api_key_env: str | None = None
     reasoning_history: ReasoningHistory | None = None
+    retry: RetrySettings = RetrySettings()
 
     @model_validator(mode="after")
     def _check_provider_keys(self) -> ModelProfile:

@@ -37,7 +37,6 @@ class GatewayError(Exception):
     status: ClassVar[int] = 500
     error_type: ClassVar[str] = "server_error"
     default_code: ClassVar[str | None] = None
-    retryable: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -47,6 +46,7 @@ class GatewayError(Exception):
         code: str | None = None,
         status: int | None = None,
         error_type: str | None = None,
+        retryable: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -54,6 +54,10 @@ class GatewayError(Exception):
         self.code = code if code is not None else self.default_code
         self.http_status = status if status is not None else self.status
         self.type = error_type if error_type is not None else self.error_type
+        # a failure of the transport that resending may cure (refused, reset)
+        self.retryable = retryable
+        # headers the caller should see with this error (Retry-After)
+        self.headers: dict[str, str] = {}
 
     def to_body(self) -> dict[str, Any]:
         """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
@@ -111,13 +115,11 @@ class UpstreamFailure(GatewayError):
 class UpstreamUnavailable(UpstreamFailure):
     status = 503
     default_code = "upstream_unavailable"
-    retryable = True
 
 
 class UpstreamTimeout(UpstreamFailure):
     status = 504
     default_code = "upstream_timeout"
-    retryable = True
 
 
 class MalformedResponse(UpstreamFailure):
@@ -126,7 +128,6 @@ class MalformedResponse(UpstreamFailure):
 
 class StreamBroken(UpstreamFailure):
     default_code = "upstream_stream_broken"
-    retryable = True
 
 
 def redact(text: str, secrets: tuple[str, ...]) -> str:

@@ -109,6 +109,7 @@ def test_ledger_row_equals_call_log_line(gateway: Gateway, upstreams: Upstreams)
     rows = gateway.ledger_rows()
     assert len(lines) == len(rows) == 2
     for line, row in zip(lines, rows, strict=True):
+        line.pop("attempt_log")  # the call log's detail; the ledger keeps the outcome
         assert {k: (bool(v) if k in ("stream", "retried") else v) for k, v in row.items()} == line
     assert rows[1]["status"] == "error" and rows[1]["http_status"] == 404
 

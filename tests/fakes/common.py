@@ -111,7 +111,8 @@ class Reply:
     - `delay_ms`: wait before answering (time to first byte);
     - `chunk_delay_ms`: wait between stream events;
     - `break_after_chunks`: stream N data events, then drop the connection (no finish
-      chunk, no `[DONE]`, no terminating HTTP chunk);
+      chunk, no `[DONE]`, no terminating HTTP chunk); a non-streamed answer is cut
+      halfway through its body instead;
     - `error_event_after_chunks` (+ `error_event`): stream N data events, then one
       `data: {"error": ...}` event, then end the response without `[DONE]`. `error_event` is
       the inner error object (a dict with a top-level `error` key is sent as is).
@@ -340,6 +341,39 @@ async def send_json(send: Send, status: int, obj: Any, headers: Mapping[str, str
         {"type": "http.response.start", "status": status, "headers": encode_headers(all_headers)}
     )
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class ClientGone(Exception):
+    """The client closed the connection; generation stops, as llama-server's does."""
+
+
+def cancel_on_disconnect(receive: Receive, send: Send) -> tuple[Send, asyncio.Task[None]]:
+    """A ``send`` that raises ``ClientGone`` once the client has disconnected, and the
+    watcher task behind it (cancel it when the response is done)."""
+    gone = asyncio.Event()
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+    async def guarded(message: Message) -> None:
+        if gone.is_set():
+            raise ClientGone
+        await send(message)
+
+    return guarded, asyncio.get_running_loop().create_task(watch())
+
+
+async def send_json_cut(send: Send, obj: Any, headers: Mapping[str, str]) -> None:
+    """Start a 200 JSON answer and send only half its body; the caller then returns, and
+    uvicorn drops the connection, as an upstream that died mid-answer looks to a client."""
+    body = orjson.dumps(obj)
+    all_headers = {**headers, "content-length": str(len(body))}
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": encode_headers(all_headers)}
+    )
+    await send({"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True})
 
 
 class StreamWriter:

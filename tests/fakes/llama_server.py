@@ -27,6 +27,7 @@ import orjson
 
 from tests.fakes.common import (
     JSON,
+    ClientGone,
     Generated,
     HttpRequest,
     Receive,
@@ -37,6 +38,7 @@ from tests.fakes.common import (
     Send,
     StreamWriter,
     ToolCall,
+    cancel_on_disconnect,
     common_prefix_len,
     content_text,
     default_reply,
@@ -47,6 +49,7 @@ from tests.fakes.common import (
     read_request,
     reply_tool_calls,
     send_json,
+    send_json_cut,
     sleep_ms,
     tokenize,
 )
@@ -268,10 +271,15 @@ class FakeLlamaServer:
             return
         req = await read_request(scope, receive)
         self.requests.append(req.record())
+        send, watcher = cancel_on_disconnect(receive, send)
         try:
             await self._dispatch(req, send)
         except LlamaError as exc:
             await self._send(send, exc.status, exc.body)
+        except ClientGone:
+            pass
+        finally:
+            watcher.cancel()
 
     async def _dispatch(self, req: HttpRequest, send: Send) -> None:
         # Order of the real pre-routing middleware: loading state, then API key, then routes.
@@ -355,6 +363,9 @@ class FakeLlamaServer:
             result = self._evaluate(task, reply, slot)
             if task.stream:
                 await self._stream(task, reply, result, send)
+            elif reply.break_after_chunks is not None:
+                headers = {"server": "llama.cpp", "content-type": "application/json"}
+                await send_json_cut(send, self._response(result), headers)
             else:
                 await self._send(send, 200, self._response(result), reply.headers)
         finally:

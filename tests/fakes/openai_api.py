@@ -40,6 +40,7 @@ from tests.fakes.common import (
     read_request,
     reply_tool_calls,
     send_json,
+    send_json_cut,
     sleep_ms,
     tokenize,
 )
@@ -257,6 +258,8 @@ class FakeOpenAI:
         result = self._generate(body, prompt, reply)
         if body.get("stream") is True:
             await self._stream(body, reply, result, send)
+        elif reply.break_after_chunks is not None:
+            await send_json_cut(send, self._response(result), {"content-type": "application/json"})
         else:
             await self._send(send, 200, self._response(result), reply.headers)
 

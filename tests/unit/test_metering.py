@@ -17,7 +17,7 @@ import pytest
 from boundedcode_gateway.cli.calls import format_calls_table, run_calls
 from boundedcode_gateway.metering.calllog import append_lines, read_calls
 from boundedcode_gateway.metering.ledger import Ledger, load_migrations
-from boundedcode_gateway.metering.records import RECORD_FIELDS, CallRecord
+from boundedcode_gateway.metering.records import LEDGER_FIELDS, RECORD_FIELDS, CallRecord
 from boundedcode_gateway.metering.writer import MeterWriter
 
 _T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -85,8 +85,8 @@ def test_record_reaches_both_sinks_field_by_field(paths: tuple[Path, Path]) -> N
     assert list(line) == list(RECORD_FIELDS)
 
     [row] = ledger_rows(ledger_path)
-    assert list(row) == list(RECORD_FIELDS)
-    for name in RECORD_FIELDS:
+    assert list(row) == list(LEDGER_FIELDS)
+    for name in LEDGER_FIELDS:
         # SQLite stores BOOLEAN as 0/1, which compares equal to False/True.
         assert row[name] == expected[name], name
     assert writer.written == 1
@@ -154,7 +154,7 @@ def test_migrations_applied_twice_are_recorded_once(tmp_path: Path) -> None:
     assert [v for v, _ in versions] == [int(n[:4]) for n in sql_files]
     assert versions[0] == (1, "model_calls")
     assert count == 2
-    assert columns == list(RECORD_FIELDS)
+    assert columns == list(LEDGER_FIELDS)
 
 
 def test_ledger_recent_is_newest_last_and_filters_task(tmp_path: Path) -> None:

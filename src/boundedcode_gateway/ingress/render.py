@@ -30,7 +30,9 @@ async def send_json(
 
 async def send_error(send: Send, exc: GatewayError, close: bool = False) -> None:
     """OpenAI's error body with the error's status."""
-    extra = [(b"connection", b"close")] if close else None
+    extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers.items()]
+    if close:
+        extra.append((b"connection", b"close"))
     await send_json(send, exc.http_status, exc.to_json(), extra)
 
 

@@ -32,7 +32,8 @@ from boundedcode_gateway.ingress.validate import (
     check_task,
     requested_model,
 )
-from boundedcode_gateway.service import CallContext, GatewayService, JsonAnswer, StreamAnswer
+from boundedcode_gateway.metering.meter import CallContext
+from boundedcode_gateway.service import GatewayService, JsonAnswer, StreamAnswer
 
 T = TypeVar("T")
 

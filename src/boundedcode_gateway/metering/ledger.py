@@ -17,14 +17,14 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from boundedcode_gateway.metering.records import RECORD_FIELDS, CallRecord
+from boundedcode_gateway.metering.records import LEDGER_FIELDS, CallRecord
 
 MIGRATIONS_PACKAGE = "boundedcode_gateway.metering"
 MIGRATIONS_DIR = "migrations"
 _MIGRATION_NAME = re.compile(r"^(\d{4})_(\w+)\.sql$")
 
-_COLUMNS = ", ".join(RECORD_FIELDS)
-_PLACEHOLDERS = ", ".join("?" for _ in RECORD_FIELDS)
+_COLUMNS = ", ".join(LEDGER_FIELDS)
+_PLACEHOLDERS = ", ".join("?" for _ in LEDGER_FIELDS)
 
 BEGIN_SQL = "BEGIN"
 BEGIN_IMMEDIATE_SQL = "BEGIN IMMEDIATE"
@@ -114,7 +114,7 @@ class Ledger:
         if not records:
             return
         conn = self._connection()
-        rows = [tuple(getattr(r, name) for name in RECORD_FIELDS) for r in records]
+        rows = [tuple(getattr(r, name) for name in LEDGER_FIELDS) for r in records]
         with _transaction(conn):
             conn.executemany(INSERT_CALL_SQL, rows)
 
@@ -171,7 +171,7 @@ def _migrate(conn: sqlite3.Connection) -> None:
 
 
 def _row_dict(row: Sequence[Any]) -> dict[str, Any]:
-    out = dict(zip(RECORD_FIELDS, row, strict=True))
+    out = dict(zip(LEDGER_FIELDS, row, strict=True))
     for name in _BOOL_FIELDS:
         if out[name] is not None:
             out[name] = bool(out[name])

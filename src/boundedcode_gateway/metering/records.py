@@ -5,7 +5,7 @@ Owns the field list and its order; it must not do I/O.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -38,9 +38,13 @@ class CallRecord:
     changed: int | None = None
     retried: bool = False
     attempts: int = 0
+    # call log only: each attempt's {"status", "code"}, in order
+    attempt_log: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CallRecord))
+# the ledger keeps each call's final outcome; the per-attempt detail is in the call log
+LEDGER_FIELDS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f != "attempt_log")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from boundedcode_gateway.errors import GatewayError
+from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 
 CapabilitySource = Literal["props", "assumed", "documentation"]
 
@@ -102,6 +103,16 @@ class Upstream(Protocol):
     name: str
     provider: str
     upstream_model: str
+
+    @property
+    def retry_rules(self) -> RetryRules:
+        """The statuses this kind of upstream answers that are worth sending again."""
+        ...
+
+    @property
+    def retry_budget(self) -> RetryBudget:
+        """The profile's limit on resending."""
+        ...
 
     async def start(self) -> None:
         """Bring up what the profile runs itself (a managed server); no-op otherwise."""

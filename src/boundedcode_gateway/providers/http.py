@@ -75,15 +75,19 @@ class HttpClient:
                 return await self.session.request(method, url, headers=headers, data=body)
             except aiohttp.ClientConnectorError as exc:
                 raise UpstreamUnavailable(
-                    f"cannot connect to the upstream: {exc.os_error}"
+                    f"cannot connect to the upstream: {exc.os_error}", retryable=True
                 ) from exc
             except _STALE_ERRORS as exc:
                 if attempt == tries:
-                    raise UpstreamUnavailable(f"the upstream closed the connection: {exc}") from exc
+                    raise UpstreamUnavailable(
+                        f"the upstream closed the connection: {exc}", retryable=True
+                    ) from exc
             except TimeoutError as exc:
                 raise UpstreamTimeout("the upstream did not answer in time") from exc
             except aiohttp.ClientError as exc:
-                raise UpstreamUnavailable(f"the upstream could not be reached: {exc}") from exc
+                raise UpstreamUnavailable(
+                    f"the upstream could not be reached: {exc}", retryable=True
+                ) from exc
         raise AssertionError("unreachable")
 
     async def close(self) -> None:

@@ -19,6 +19,7 @@ from boundedcode_gateway.errors import GatewayError, MissingApiKey
 from boundedcode_gateway.llama_server.flags import ServerCommand, server_command
 from boundedcode_gateway.llama_server.launcher import ManagedLlamaServer
 from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
+from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.providers.base import (
     CallMetrics,
     Capabilities,
@@ -79,6 +80,14 @@ class OpenAICompatUpstream:
     @property
     def dialect(self) -> Dialect:
         return self._dialect
+
+    @property
+    def retry_rules(self) -> RetryRules:
+        return self._dialect.retry
+
+    @property
+    def retry_budget(self) -> RetryBudget:
+        return RetryBudget(self._profile.retry.max_attempts, self._profile.retry.max_total_s)
 
     def _assumed(self) -> Capabilities:
         d = self._dialect

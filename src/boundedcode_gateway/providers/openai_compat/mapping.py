@@ -6,6 +6,7 @@ error out. No I/O.
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import orjson
@@ -134,8 +135,41 @@ def read_answer_metrics(obj: dict[str, Any], metrics: CallMetrics) -> None:
         metrics.upstream_model = obj["model"]
 
 
+def new_tool_call_id() -> str:
+    """An id in OpenAI's form for a tool call the upstream left without one."""
+    return "call_" + secrets.token_hex(12)
+
+
+def complete_tool_call(call: dict[str, Any]) -> bool:
+    """Give one tool call an id, a type and arguments (``{}``) where missing; True if changed."""
+    changed = False
+    if not call.get("id"):
+        call["id"] = new_tool_call_id()
+        changed = True
+    if not call.get("type"):
+        call["type"] = "function"
+        changed = True
+    function = call.get("function")
+    if isinstance(function, dict) and not function.get("arguments"):
+        function["arguments"] = "{}"
+        changed = True
+    return changed
+
+
+def _complete_tool_calls(choices: list[Any]) -> bool:
+    changed = False
+    for choice in choices:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        for call in calls if isinstance(calls, list) else ():
+            if isinstance(call, dict):
+                changed = complete_tool_call(call) or changed
+    return changed
+
+
 def from_openai_compat_response(raw: bytes, metrics: CallMetrics) -> bytes:
-    """Check a non-streamed answer and measure it; the bytes go to the caller unchanged."""
+    """Check a non-streamed answer and measure it; the bytes go to the caller unchanged
+    unless a tool call needed its id, type or arguments filled in."""
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -146,6 +180,8 @@ def from_openai_compat_response(raw: bytes, metrics: CallMetrics) -> bytes:
     read_answer_metrics(obj, metrics)
     finish = choices[0].get("finish_reason")
     metrics.finish_reason = finish if isinstance(finish, str) else None
+    if _complete_tool_calls(choices):
+        return orjson.dumps(obj)
     return raw
 
 

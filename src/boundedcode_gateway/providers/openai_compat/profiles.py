@@ -5,7 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from boundedcode_gateway.config import ReasoningHistory
+from boundedcode_gateway.policy.retry import RetryRules
 from boundedcode_gateway.providers.base import CapabilitySource
+
+# llama.cpp answers 500 when the model wrote a malformed tool call: a new sample
+# usually parses, so up to 3 attempts in all
+LOCAL_RETRY = RetryRules(statuses=frozenset({500}), max_attempts=3)
+# OpenAI's own SDK resends these; 529 is the overload status of some services
+CLOUD_RETRY = RetryRules(
+    statuses=frozenset({408, 409, 429, 500, 502, 503, 504, 529}),
+    max_attempts=4,
+    never_codes=frozenset({"insufficient_quota"}),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +33,7 @@ class Dialect:
     idempotency_key: bool
     # llama-server reads only string tool_choice values; an object silently means "auto"
     tool_choice_string_only: bool
+    retry: RetryRules
 
     def takes_reasoning(self, setting: ReasoningHistory, template_preserves: bool) -> bool:
         """Whether earlier reasoning goes back to this kind under ``setting``."""
@@ -42,6 +54,7 @@ LLAMA_CPP = Dialect(
     prompt_progress=True,
     idempotency_key=True,
     tool_choice_string_only=True,
+    retry=LOCAL_RETRY,
 )
 
 LOCAL_OPENAI_COMPATIBLE = Dialect(
@@ -52,6 +65,7 @@ LOCAL_OPENAI_COMPATIBLE = Dialect(
     prompt_progress=False,
     idempotency_key=True,
     tool_choice_string_only=False,
+    retry=LOCAL_RETRY,
 )
 
 OPENAI = Dialect(
@@ -62,6 +76,7 @@ OPENAI = Dialect(
     prompt_progress=False,
     idempotency_key=False,
     tool_choice_string_only=False,
+    retry=CLOUD_RETRY,
 )
 
 OPENAI_COMPATIBLE = Dialect(
@@ -72,6 +87,7 @@ OPENAI_COMPATIBLE = Dialect(
     prompt_progress=False,
     idempotency_key=False,
     tool_choice_string_only=False,
+    retry=CLOUD_RETRY,
 )
 
 DIALECT_BY_PROVIDER: dict[str, Dialect] = {

@@ -16,6 +16,7 @@ from boundedcode_gateway.errors import MalformedResponse
 from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
 from boundedcode_gateway.providers.openai_compat.mapping import (
     error_from_stream_event,
+    new_tool_call_id,
     read_answer_metrics,
     read_progress,
 )
@@ -32,6 +33,7 @@ class OpenAIStreamTranslator:
         "_forward_progress",
         "_forward_usage",
         "_secrets",
+        "_tool_args",
         "content_started",
         "finished",
         "metrics",
@@ -46,6 +48,8 @@ class OpenAIStreamTranslator:
         self._forward_usage = options.include_usage
         self._forward_progress = options.return_progress
         self._secrets = secrets
+        # characters of arguments seen per tool-call index
+        self._tool_args: dict[int, int] = {}
 
     def feed(self, event: str, data: bytes) -> Sequence[bytes]:
         """Consume one event; return the payloads to relay (the same bytes, or none)."""
@@ -72,8 +76,51 @@ class OpenAIStreamTranslator:
             if obj.get("usage") and not self._forward_usage:
                 return _NOTHING
             return (data,)
-        self._observe_choice(choices[0])
+        choice = choices[0]
+        self._observe_choice(choice)
+        if self._complete_tool_deltas(choice):
+            data = orjson.dumps(obj)
+        if self.finished and any(n == 0 for n in self._tool_args.values()):
+            return (self._empty_arguments_chunk(obj), data)
         return (data,)
+
+    def _complete_tool_deltas(self, choice: dict[str, Any]) -> bool:
+        """The first delta of each tool call gets an id and a type if the upstream left them out."""
+        delta = choice.get("delta")
+        calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+        if not isinstance(calls, list):
+            return False
+        changed = False
+        for call in calls:
+            if not isinstance(call, dict):
+                continue
+            index = call.get("index", 0)
+            function = call.get("function")
+            arguments = function.get("arguments") if isinstance(function, dict) else None
+            if index not in self._tool_args:
+                self._tool_args[index] = 0
+                if not call.get("id"):
+                    call["id"] = new_tool_call_id()
+                    changed = True
+                if not call.get("type"):
+                    call["type"] = "function"
+                    changed = True
+            self._tool_args[index] += len(arguments) if isinstance(arguments, str) else 0
+        return changed
+
+    def _empty_arguments_chunk(self, obj: dict[str, Any]) -> bytes:
+        """Arguments ``{}`` for the tool calls that ended without any, before the finish."""
+        empty = [i for i, n in self._tool_args.items() if n == 0]
+        for i in empty:
+            self._tool_args[i] = 2
+        calls = [{"index": i, "function": {"arguments": "{}"}} for i in empty]
+        head = {k: obj[k] for k in ("id", "object", "created", "model") if k in obj}
+        return orjson.dumps(
+            {
+                **head,
+                "choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None}],
+            }
+        )
 
     def _observe_choice(self, choice: Any) -> None:
         if not isinstance(choice, dict):

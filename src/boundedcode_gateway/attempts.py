@@ -1,0 +1,85 @@
+"""Sending one prepared request until it is answered, as the retry policy allows.
+
+Owns the attempt count and the per-attempt log of a call; the decisions
+themselves are in ``policy/retry.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+import aiohttp
+
+from boundedcode_gateway.errors import GatewayError
+from boundedcode_gateway.metering.records import CallRecord
+from boundedcode_gateway.policy.retry import decide
+from boundedcode_gateway.providers.base import PreparedRequest, Upstream
+from boundedcode_gateway.providers.http import HttpClient, read_body
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class Attempts:
+    """The sends of one call; each outcome goes into the record's attempt log."""
+
+    def __init__(
+        self,
+        http: HttpClient,
+        upstream: Upstream,
+        prepared: PreparedRequest,
+        record: CallRecord,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self._http = http
+        self._upstream = upstream
+        self._prepared = prepared
+        self._record = record
+        self._sleep = sleep
+        self._started = time.monotonic()
+
+    def log(self, status: int, code: str | None) -> None:
+        """Note how the latest attempt ended."""
+        self._record.attempt_log.append({"status": status, "code": code})
+
+    async def open(self) -> aiohttp.ClientResponse:
+        """A 200 response to the request, sending again where the policy allows."""
+        p = self._prepared
+        while True:
+            self._record.attempts += 1
+            try:
+                resp = await self._http.send(
+                    "POST", p.url, p.headers, p.body, resend_safe=p.resend_safe
+                )
+            except GatewayError as exc:
+                await self.again_or_raise(exc)
+                continue
+            if resp.status == 200:
+                return resp
+            raw = await read_body(resp)
+            error = self._upstream.error_from_response(resp.status, raw, resp.headers)
+            await self.again_or_raise(error, resp.headers)
+
+    async def again_or_raise(
+        self, error: GatewayError, headers: Mapping[str, str] | None = None
+    ) -> None:
+        """Log the failed attempt; wait and return if it is to be sent again, else raise."""
+        self.log(error.http_status, error.code)
+        headers = headers or {}
+        decision = decide(
+            status=error.http_status,
+            code=error.code,
+            retryable=error.retryable,
+            headers=headers,
+            attempt=self._record.attempts,
+            elapsed_s=time.monotonic() - self._started,
+            rules=self._upstream.retry_rules,
+            budget=self._upstream.retry_budget,
+        )
+        if not decision.retry:
+            retry_after = headers.get("retry-after")
+            if retry_after is not None:
+                error.headers["retry-after"] = retry_after
+            raise error
+        await self._sleep(decision.delay_s)

@@ -1,0 +1,92 @@
+"""One call's context and its meter: the record filled as the call goes, submitted once."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from boundedcode_gateway.errors import GatewayError
+from boundedcode_gateway.metering.records import CallRecord
+from boundedcode_gateway.metering.writer import MeterWriter
+from boundedcode_gateway.providers.base import CallMetrics
+
+CLIENT_CLOSED = 499  # nginx's convention for "the caller went away"
+
+
+def utc_now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(slots=True)
+class CallContext:
+    """Who asked and when: set by ingress before the body is read."""
+
+    task: str
+    purpose: str
+    call_id: str
+    started: float
+    started_at: str
+
+    @classmethod
+    def new(cls, task: str, purpose: str) -> CallContext:
+        return cls(task, purpose, "call_" + uuid.uuid4().hex, time.perf_counter(), utc_now_iso())
+
+    def elapsed_ms(self) -> float:
+        return round((time.perf_counter() - self.started) * 1000.0, 3)
+
+
+class Meter:
+    """Fills one call's record and submits it exactly once."""
+
+    __slots__ = ("_done", "_writer", "ctx", "record")
+
+    def __init__(self, writer: MeterWriter, ctx: CallContext, model: str) -> None:
+        self._writer = writer
+        self.ctx = ctx
+        self.record = CallRecord(
+            call_id=ctx.call_id,
+            started_at=ctx.started_at,
+            task=ctx.task,
+            purpose=ctx.purpose,
+            model_profile=model,
+        )
+        self._done = False
+
+    def metrics(self, m: CallMetrics) -> None:
+        r = self.record
+        r.prompt_tokens = m.prompt_tokens
+        r.cached_tokens = m.cached_tokens
+        r.completion_tokens = m.completion_tokens
+        r.reasoning_tokens = m.reasoning_tokens
+        r.evaluated_tokens = m.evaluated_tokens
+        r.prefill_ms = m.prefill_ms
+        r.decode_ms = m.decode_ms
+        r.finish_reason = m.finish_reason
+        if m.upstream_model:
+            r.upstream_model = m.upstream_model
+
+    def first_token(self) -> None:
+        if self.record.ttft_ms is None:
+            self.record.ttft_ms = self.ctx.elapsed_ms()
+
+    def ok(self, http_status: int = 200) -> None:
+        self._submit("ok", http_status, None)
+
+    def error(self, exc: GatewayError) -> None:
+        self._submit("error", exc.http_status, exc.code or exc.type)
+
+    def cancelled(self) -> None:
+        self._submit("error", CLIENT_CLOSED, "client_disconnected")
+
+    def _submit(self, status: str, http_status: int, code: str | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        r = self.record
+        r.status = status
+        r.http_status = http_status
+        r.error_code = code
+        r.total_ms = self.ctx.elapsed_ms()
+        self._writer.submit(r)

@@ -1,0 +1,240 @@
+"""Relaying one streamed answer to the caller.
+
+Holds the caller's status until the first content-bearing event, so an error
+before it is a real HTTP error; after it, errors become an in-stream error
+object. A stream that breaks (no finish reason, no ``[DONE]``) is sent once
+more: before content silently, after content behind a discard chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+import orjson
+
+from boundedcode_gateway.attempts import Attempts
+from boundedcode_gateway.errors import GatewayError, StreamBroken
+from boundedcode_gateway.metering.meter import Meter
+from boundedcode_gateway.providers.base import RequestOptions, StreamTranslator
+from boundedcode_gateway.providers.http import iter_body
+from boundedcode_gateway.wire.sse import DONE_EVENT, SSEDecoder, SSEEvent
+
+# a broken stream is sent once more; a second break is final
+BROKEN_STREAM_RESENDS = 1
+
+
+def discard_chunk(call_id: str, model: str, reason: str) -> bytes:
+    """The stream extension telling the caller to drop what it showed of this answer."""
+    return orjson.dumps(
+        {
+            "id": call_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [],
+            "boundedcode": {"event": "discard", "reason": reason},
+        }
+    )
+
+
+def _frame(payload: bytes) -> bytes:
+    return b"data: " + payload + b"\n\n"
+
+
+class StreamRelay:
+    """One streamed call, from its first upstream response to its record."""
+
+    def __init__(
+        self,
+        meter: Meter,
+        attempts: Attempts,
+        new_translator: Callable[[], StreamTranslator],
+        options: RequestOptions,
+    ) -> None:
+        self._meter = meter
+        self._attempts = attempts
+        self._new_translator = new_translator
+        self._options = options
+        self._resp: aiohttp.ClientResponse | None = None
+        self._translator = new_translator()
+        self._decoder = SSEDecoder()
+        self._pending: deque[SSEEvent] = deque()
+        self._body: AsyncIterator[bytes] | None = None
+        self._eof = False
+        self._resends = 0
+        self._complete = False
+        self._error: GatewayError | None = None
+        self._closed = False
+
+    # -- the upstream side
+
+    async def _connect(self) -> None:
+        """Open (or reopen) the upstream stream with a fresh translator."""
+        self._release_response()
+        self._resp = await self._attempts.open()
+        self._translator = self._new_translator()
+        self._decoder = SSEDecoder()
+        self._pending.clear()
+        self._body = iter_body(self._resp)
+        self._eof = False
+
+    def _committed(self) -> bool:
+        t = self._translator
+        return (
+            t.content_started or t.finished or (self._options.return_progress and t.progress_seen)
+        )
+
+    async def _fill(self) -> bool:
+        """Read until an event is pending; False at the end of the upstream stream."""
+        assert self._body is not None
+        while not self._pending:
+            if self._eof:
+                return False
+            try:
+                chunk = await anext(self._body)
+            except StopAsyncIteration:
+                self._eof = True
+                self._pending.extend(self._decoder.close())
+            else:
+                self._pending.extend(self._decoder.feed(chunk))
+        return True
+
+    def _drain(self, until_commit: bool) -> tuple[bytes, GatewayError | None]:
+        """Translate pending events into the caller's bytes, stopping at an error.
+
+        ``until_commit`` stops right after the first content-bearing event, so the
+        caller's status is decided by event order, not by how TCP split the bytes.
+        """
+        t = self._translator
+        parts: list[bytes] = []
+        error: GatewayError | None = None
+        while self._pending:
+            event = self._pending.popleft()
+            try:
+                for payload in t.feed(event.event, event.data):
+                    parts += (b"data: ", payload, b"\n\n")
+            except GatewayError as exc:
+                error = exc
+                break
+            if until_commit and self._committed():
+                break
+        if t.content_started:
+            self._meter.first_token()
+        return b"".join(parts), error
+
+    def _broken(self) -> StreamBroken:
+        return StreamBroken("the upstream stream ended with no finish reason and no [DONE]")
+
+    async def _resend_after_break(self, exc: StreamBroken) -> bool:
+        """Note the break; reopen if a resend is left (False when it is not)."""
+        self._attempts.log(exc.http_status, exc.code)
+        if self._resends >= BROKEN_STREAM_RESENDS:
+            return False
+        self._resends += 1
+        self._meter.record.retried = True
+        await self._connect()
+        return True
+
+    # -- the caller side
+
+    async def open(self) -> bytes:
+        """Read until the first content-bearing event; an error before it raises."""
+        await self._connect()
+        held: list[bytes] = []
+        while not self._committed():
+            try:
+                if not await self._fill():
+                    raise self._broken()
+                out, error = self._drain(until_commit=True)
+            except StreamBroken as exc:
+                # nothing was shown yet: the held role chunk goes with the broken answer
+                if not await self._resend_after_break(exc):
+                    raise
+                held.clear()
+                continue
+            if error is not None:
+                # an error event before content is answered like an HTTP error
+                await self._attempts.again_or_raise(error)
+                await self._connect()
+                held.clear()
+                continue
+            held.append(out)
+        return b"".join(held)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The rest of the stream, resent once behind a discard chunk if it breaks."""
+        while True:
+            try:
+                async for out in self._relay_current():
+                    yield out
+                return
+            except StreamBroken as exc:
+                final: GatewayError = exc
+                try:
+                    if await self._resend_after_break(exc):
+                        yield _frame(self._discard(exc.message))
+                        continue
+                except GatewayError as reopen_error:
+                    final = reopen_error
+                yield self._fail(final)
+                return
+            except GatewayError as exc:
+                self._attempts.log(exc.http_status, exc.code)
+                yield self._fail(exc)
+                return
+
+    async def _relay_current(self) -> AsyncIterator[bytes]:
+        while await self._fill():
+            out, error = self._drain(until_commit=False)
+            if out:
+                yield out
+            if error is not None:
+                raise error
+        if not self._translator.finished:
+            raise self._broken()
+        self._complete = True
+        self._attempts.log(200, None)
+        self.close()  # recorded before the caller can see the end
+        yield DONE_EVENT
+
+    def _discard(self, reason: str) -> bytes:
+        return discard_chunk(self._meter.ctx.call_id, self._meter.record.model_profile, reason)
+
+    def _fail(self, exc: GatewayError) -> bytes:
+        self._error = exc
+        self.close()
+        return _frame(orjson.dumps(exc.to_body()))
+
+    # -- the end
+
+    def _release_response(self) -> None:
+        if self._resp is None:
+            return
+        if self._complete:
+            self._resp.release()
+        else:
+            self._resp.close()  # stops generation on the upstream
+        self._resp = None
+
+    def release(self) -> None:
+        """Give the connection back (or close it, which stops generation upstream)."""
+        self._release_response()
+        self._meter.metrics(self._translator.metrics)
+
+    def close(self, cancelled: bool = False) -> None:
+        """Release the upstream and record the call (once, whatever happened)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.release()
+        if self._complete:
+            self._meter.ok()
+        elif self._error is not None:
+            self._meter.error(self._error)
+        elif cancelled:
+            self._meter.cancelled()
+        else:
+            self._meter.error(StreamBroken("the stream to the caller ended early"))
