@@ -14,7 +14,22 @@ from boundedcode_gateway.policy.context_overflow import is_context_overflow
         "This model's maximum context length is 8192 tokens. However, your messages resulted in "
         "9000 tokens. Please reduce the length of the messages.",
         "prompt is too long: 208656 tokens > 200000 maximum",
+        "input length and `max_tokens` exceed context limit: 188240 + 21333 > 200000, "
+        "decrease input length or `max_tokens` and try again",
         "The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).",
+        "This model's maximum context length is 16384 tokens. However, you requested 122946 "
+        "tokens (112946 in the messages, 10000 in the completion). Please reduce the length of "
+        "the messages or completion.",
+        "This endpoint's maximum context length is 128000 tokens. However, you requested about "
+        "131000 tokens (130000 of text input, 1000 in the output).",
+        "The input (61709 tokens) is longer than the model's context length (40960 tokens).",
+        "Input length (160062 tokens) exceeds the maximum allowed length (59862 tokens).",
+        "Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 "
+        "maximum context length",
+        "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. "
+        "Given: 4000 `inputs` tokens and 500 `max_new_tokens`",
+        "Input validation error: `inputs` must have less than 4096 tokens. Given: 5000",
+        "This model's maximum prompt length is 131072 but the request contains 140000 tokens.",
     ],
 )
 def test_each_wording_is_recognised(message: str) -> None:

@@ -269,3 +269,19 @@ def test_non_json_error_body_is_quoted() -> None:
     err = error_from_openai_compat(502, b"Bad Gateway", ())
     assert err.http_status == 502 and err.message == "Bad Gateway"
     assert err.type == "upstream_error"
+
+
+def test_vllm_top_level_error_body() -> None:
+    raw = orjson.dumps(
+        {
+            "object": "error",
+            "message": "This model's maximum context length is 16384 tokens. However, you "
+            "requested 19591 tokens (9591 in the messages, 10000 in the completion).",
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
+    )
+    err = error_from_openai_compat(400, raw, ())
+    assert isinstance(err, ContextLengthExceeded)
+    assert "16384" in err.message

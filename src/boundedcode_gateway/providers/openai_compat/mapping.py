@@ -203,6 +203,10 @@ def _error_fields(raw: bytes) -> tuple[str, str | None, Any, str | None]:
         )
     if isinstance(err, str):
         return err, None, None, None
+    if isinstance(obj, dict) and isinstance(obj.get("message"), str):
+        # vLLM and SGLang: {"object": "error", "message", "type", "param", "code": 400}
+        kind = obj.get("type")
+        return obj["message"], kind if isinstance(kind, str) else None, obj.get("code"), None
     if isinstance(obj, dict) and "detail" in obj:
         return str(obj["detail"]), None, None, None
     return str(obj)[:500], None, None, None
