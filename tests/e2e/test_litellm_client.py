@@ -1,0 +1,44 @@
+"""LiteLLM's client, which we did not write, reads the gateway's errors as it should."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import Gateway, GatewayFactory, Upstreams
+from tests.fakes.common import Reply
+
+# LiteLLM fetches a price list over the network when imported unless told not to
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+import litellm  # noqa: E402
+
+
+def complete(gw: Gateway, model: str, messages: list[Any], **extra: Any) -> Any:
+    return litellm.completion(
+        model=f"openai/{model}",
+        api_base=gw.url + "/v1",
+        api_key="unused",
+        messages=messages,
+        num_retries=0,
+        **extra,
+    )
+
+
+def test_litellm_reads_context_overflow(
+    upstreams: Upstreams, start_gateway: GatewayFactory
+) -> None:
+    upstreams.llama.n_ctx = 16
+    gw = start_gateway(upstreams.profiles)
+    with pytest.raises(litellm.ContextWindowExceededError):
+        complete(gw, "local", [{"role": "user", "content": "word " * 60}])
+
+
+def test_litellm_chat_and_stream(gateway: Gateway, upstreams: Upstreams) -> None:
+    upstreams.openai.queue(Reply(content="Hello from the cloud."), Reply(content="Streamed hello."))
+    reply = complete(gateway, "gpt", [{"role": "user", "content": "hi"}])
+    assert reply.choices[0].message.content == "Hello from the cloud."
+    chunks = list(complete(gateway, "gpt", [{"role": "user", "content": "hi"}], stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Streamed hello."
