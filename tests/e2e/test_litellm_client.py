@@ -12,7 +12,7 @@ from tests.fakes.common import Reply
 
 # LiteLLM fetches a price list over the network when imported unless told not to
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
-import litellm  # noqa: E402
+import litellm
 
 
 def complete(gw: Gateway, model: str, messages: list[Any], **extra: Any) -> Any:
