@@ -28,6 +28,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def write_config(tmp_path: Path, upstream_url: str) -> Path:
+    """A configuration with one profile, ``local``, on the given server."""
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "data_dir": str(tmp_path / "data"),
+                "models": {"local": {"provider": "local", "external_url": upstream_url}},
+            }
+        )
+    )
+    return config
+
+
 def start_serve(config: Path, port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [
@@ -64,15 +78,7 @@ def test_stop_signal_lets_in_flight_calls_finish_and_be_recorded(
         Reply(content="a slow stream of words " * 3, chunk_delay_ms=60),
     )
     with serve_in_thread(fake.app) as upstream:
-        config = tmp_path / "gateway.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "data_dir": str(tmp_path / "data"),
-                    "models": {"local": {"provider": "local", "external_url": upstream.url}},
-                }
-            )
-        )
+        config = write_config(tmp_path, upstream.url)
         port = free_port()
         proc = start_serve(config, port)
         results: dict[str, Any] = {}
@@ -111,15 +117,7 @@ def test_stop_signal_lets_in_flight_calls_finish_and_be_recorded(
 def test_calls_command_prints_the_table(tmp_path: Path) -> None:
     fake = FakeLlamaServer()
     with serve_in_thread(fake.app) as upstream:
-        config = tmp_path / "gateway.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "data_dir": str(tmp_path / "data"),
-                    "models": {"local": {"provider": "local", "external_url": upstream.url}},
-                }
-            )
-        )
+        config = write_config(tmp_path, upstream.url)
         port = free_port()
         proc = start_serve(config, port)
         try:

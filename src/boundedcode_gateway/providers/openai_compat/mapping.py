@@ -140,8 +140,8 @@ def new_tool_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def complete_tool_call(call: dict[str, Any]) -> bool:
-    """Give one tool call an id, a type and arguments (``{}``) where missing; True if changed."""
+def complete_tool_call_head(call: dict[str, Any]) -> bool:
+    """Give a tool call (or its first stream delta) an id and a type where missing."""
     changed = False
     if not call.get("id"):
         call["id"] = new_tool_call_id()
@@ -149,6 +149,12 @@ def complete_tool_call(call: dict[str, Any]) -> bool:
     if not call.get("type"):
         call["type"] = "function"
         changed = True
+    return changed
+
+
+def complete_tool_call(call: dict[str, Any]) -> bool:
+    """Give one tool call an id, a type and arguments (``{}``) where missing; True if changed."""
+    changed = complete_tool_call_head(call)
     function = call.get("function")
     if isinstance(function, dict) and not function.get("arguments"):
         function["arguments"] = "{}"

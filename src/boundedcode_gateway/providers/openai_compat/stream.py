@@ -15,8 +15,8 @@ import orjson
 from boundedcode_gateway.errors import MalformedResponse
 from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
 from boundedcode_gateway.providers.openai_compat.mapping import (
+    complete_tool_call_head,
     error_from_stream_event,
-    new_tool_call_id,
     read_answer_metrics,
     read_progress,
 )
@@ -99,12 +99,7 @@ class OpenAIStreamTranslator:
             arguments = function.get("arguments") if isinstance(function, dict) else None
             if index not in self._tool_args:
                 self._tool_args[index] = 0
-                if not call.get("id"):
-                    call["id"] = new_tool_call_id()
-                    changed = True
-                if not call.get("type"):
-                    call["type"] = "function"
-                    changed = True
+                changed = complete_tool_call_head(call) or changed
             self._tool_args[index] += len(arguments) if isinstance(arguments, str) else 0
         return changed
 
