@@ -114,7 +114,9 @@ def test_stream_order_and_fields(both: dict[str, str], progress: bool) -> None:
     assert _collapse(_kinds(r_events)) == _collapse(_kinds(f_events)) == expected
     for events in (r_events, f_events):
         objs = [e for e in events if isinstance(e, dict)]
-        assert len({(e["id"], e["created"], e["model"]) for e in objs}) == 1
+        # llama-server stamps "created" per chunk, so a slow stream spans seconds
+        assert len({(e["id"], e["model"]) for e in objs}) == 1
+        assert [e["created"] for e in objs] == sorted(e["created"] for e in objs)
         assert "timings" in objs[-1] and not any("timings" in e for e in objs[:-1])
         assert all(e["object"] == "chat.completion.chunk" for e in objs)
     for kind in ("role", "content", "finish", "usage", *(["progress"] if progress else [])):
