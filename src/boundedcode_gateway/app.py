@@ -13,6 +13,7 @@ from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.providers.base import Upstream
 from boundedcode_gateway.providers.http import HttpClient, Timeouts
 from boundedcode_gateway.providers.registry import build_upstreams
+from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.service import GatewayService
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,8 @@ class GatewayApp:
         )
         self.upstreams: dict[str, Upstream] = build_upstreams(config, self.http)
         self.writer = MeterWriter(config.calls_path, config.ledger_path)
-        self.service = GatewayService(self.upstreams, self.http, self.writer)
+        self.reasoning = ReasoningStore(config.data_path)
+        self.service = GatewayService(self.upstreams, self.http, self.writer, self.reasoning)
         self.router = Router(self.service, config.max_body_bytes)
         self._started = False
 
@@ -52,6 +54,7 @@ class GatewayApp:
             await upstream.close()
         await self.http.close()
         await asyncio.to_thread(self.writer.close)
+        await asyncio.to_thread(self.reasoning.close)
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         kind = scope["type"]

@@ -18,7 +18,7 @@ import orjson
 from boundedcode_gateway.attempts import Attempts
 from boundedcode_gateway.errors import GatewayError, StreamBroken
 from boundedcode_gateway.metering.meter import Meter
-from boundedcode_gateway.providers.base import RequestOptions, StreamTranslator
+from boundedcode_gateway.providers.base import CallMetrics, RequestOptions, StreamTranslator
 from boundedcode_gateway.providers.http import iter_body
 from boundedcode_gateway.wire.sse import DONE_EVENT, SSEDecoder, SSEEvent
 
@@ -53,11 +53,13 @@ class StreamRelay:
         attempts: Attempts,
         new_translator: Callable[[], StreamTranslator],
         options: RequestOptions,
+        on_success: Callable[[CallMetrics], None],
     ) -> None:
         self._meter = meter
         self._attempts = attempts
         self._new_translator = new_translator
         self._options = options
+        self._on_success = on_success
         self._resp: aiohttp.ClientResponse | None = None
         self._translator = new_translator()
         self._decoder = SSEDecoder()
@@ -197,6 +199,7 @@ class StreamRelay:
             raise self._broken()
         self._complete = True
         self._attempts.log(200, None)
+        self._on_success(self._translator.metrics)
         self.close()  # recorded before the caller can see the end
         yield DONE_EVENT
 

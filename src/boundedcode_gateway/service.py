@@ -8,6 +8,7 @@ submitted in a ``finally``. The pipeline knows providers only through
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from boundedcode_gateway.policy.capabilities import check_request
 from boundedcode_gateway.policy.history_diff import HistoryTracker
 from boundedcode_gateway.providers.base import CallMetrics, RequestOptions, Upstream
 from boundedcode_gateway.providers.http import HttpClient, read_body
+from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.relay import BROKEN_STREAM_RESENDS, StreamRelay
 
 __all__ = ["CallContext", "GatewayService", "JsonAnswer", "StreamAnswer"]
@@ -36,7 +38,7 @@ class StreamAnswer:
     relay: StreamRelay
 
 
-def _options(body: dict[str, Any]) -> RequestOptions:
+def _options(body: dict[str, Any], capture_reasoning: bool) -> RequestOptions:
     stream = body.get("stream") is True
     stream_options = body.get("stream_options")
     include_usage = (
@@ -46,6 +48,7 @@ def _options(body: dict[str, Any]) -> RequestOptions:
         stream=stream,
         include_usage=bool(include_usage),
         return_progress=stream and body.get("return_progress") is True,
+        capture_reasoning=capture_reasoning,
     )
 
 
@@ -53,11 +56,16 @@ class GatewayService:
     """Routes a validated request to its upstream and meters the call."""
 
     def __init__(
-        self, upstreams: dict[str, Upstream], http: HttpClient, writer: MeterWriter
+        self,
+        upstreams: dict[str, Upstream],
+        http: HttpClient,
+        writer: MeterWriter,
+        reasoning: ReasoningStore,
     ) -> None:
         self.upstreams = upstreams
         self._http = http
         self._writer = writer
+        self._reasoning = reasoning
         self._history = HistoryTracker()
 
     def record_rejected(self, ctx: CallContext, model: str, exc: GatewayError) -> None:
@@ -93,15 +101,26 @@ class GatewayService:
         record.provider = upstream.provider
         record.upstream_model = upstream.upstream_model
         record.changed = self._history.observe(ctx.task, ctx.purpose, body["messages"])
-        options = _options(body)
-        record.stream = options.stream
         caps = await upstream.capabilities()
+        options = _options(body, capture_reasoning=caps.reasoning_back)
+        record.stream = options.stream
         check_request(body, caps, upstream.name)
-        prepared = upstream.prepare(body, options, caps, ctx.call_id)
+        task_reasoning = await self._reasoning.task(ctx.task)
+        prepared = upstream.prepare(body, options, caps, ctx.call_id, task_reasoning)
         attempts = Attempts(self._http, upstream, prepared, record)
+
+        def keep_reasoning(metrics: CallMetrics) -> None:
+            captured = metrics.captured
+            if captured is not None:
+                task_reasoning.keep(
+                    captured.kind, captured.keys, upstream.provider, upstream.name, captured.data
+                )
+
         if not options.stream:
-            return await self._answer_whole(meter, upstream, attempts)
-        relay = StreamRelay(meter, attempts, lambda: upstream.stream_translator(options), options)
+            return await self._answer_whole(meter, upstream, attempts, options, keep_reasoning)
+        relay = StreamRelay(
+            meter, attempts, lambda: upstream.stream_translator(options), options, keep_reasoning
+        )
         try:
             first = await relay.open()
         except BaseException:
@@ -110,7 +129,12 @@ class GatewayService:
         return StreamAnswer(first, relay)
 
     async def _answer_whole(
-        self, meter: Meter, upstream: Upstream, attempts: Attempts
+        self,
+        meter: Meter,
+        upstream: Upstream,
+        attempts: Attempts,
+        options: RequestOptions,
+        on_success: Callable[[CallMetrics], None],
     ) -> JsonAnswer:
         """A non-streamed answer; a body cut short is sent once more, like a broken stream."""
         resends = 0
@@ -127,11 +151,12 @@ class GatewayService:
                 continue
             metrics = CallMetrics()
             try:
-                out = upstream.from_response(raw, metrics)
+                out = upstream.from_response(raw, metrics, options)
             except GatewayError as exc:
                 attempts.log(exc.http_status, exc.code)
                 raise
             attempts.log(200, None)
+            on_success(metrics)
             meter.metrics(metrics)
             meter.ok()
             return JsonAnswer(200, out)

@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol
 
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
+from boundedcode_gateway.reasoning_store.store import TaskReasoning
 
 CapabilitySource = Literal["props", "assumed", "documentation"]
 
@@ -45,6 +46,15 @@ class Capabilities:
 
 
 @dataclass(slots=True)
+class CapturedReasoning:
+    """An answer's reasoning as the provider wrote it, and the keys its turn will come back by."""
+
+    kind: str
+    keys: list[str]
+    data: Any
+
+
+@dataclass(slots=True)
 class CallMetrics:
     """What one upstream answer measured, normalised to OpenAI's usage terms."""
 
@@ -57,6 +67,7 @@ class CallMetrics:
     decode_ms: float | None = None
     finish_reason: str | None = None
     upstream_model: str | None = None
+    captured: CapturedReasoning | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +77,8 @@ class RequestOptions:
     stream: bool
     include_usage: bool
     return_progress: bool
+    # keep the answer's reasoning for the next turn (the target takes it back)
+    capture_reasoning: bool = False
 
 
 @dataclass(slots=True)
@@ -123,7 +136,12 @@ class Upstream(Protocol):
         ...
 
     def prepare(
-        self, body: dict[str, Any], options: RequestOptions, caps: Capabilities, call_id: str
+        self,
+        body: dict[str, Any],
+        options: RequestOptions,
+        caps: Capabilities,
+        call_id: str,
+        reasoning: TaskReasoning,
     ) -> PreparedRequest:
         """Translate an OpenAI request body into the provider's request."""
         ...
@@ -132,7 +150,7 @@ class Upstream(Protocol):
         """A fresh translator for one streamed answer."""
         ...
 
-    def from_response(self, raw: bytes, metrics: CallMetrics) -> bytes:
+    def from_response(self, raw: bytes, metrics: CallMetrics, options: RequestOptions) -> bytes:
         """Translate a non-streamed answer into OpenAI's JSON; fill ``metrics``."""
         ...
 

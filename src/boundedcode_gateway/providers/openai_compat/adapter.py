@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -19,6 +19,7 @@ from boundedcode_gateway.errors import GatewayError, MissingApiKey
 from boundedcode_gateway.llama_server.flags import ServerCommand, server_command
 from boundedcode_gateway.llama_server.launcher import ManagedLlamaServer
 from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
+from boundedcode_gateway.policy.reasoning import REASONING_KIND, StoredReasoning
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.providers.base import (
     CallMetrics,
@@ -39,6 +40,7 @@ from boundedcode_gateway.providers.openai_compat.profiles import (
     Dialect,
 )
 from boundedcode_gateway.providers.openai_compat.stream import OpenAIStreamTranslator
+from boundedcode_gateway.reasoning_store.store import TaskReasoning
 
 log = logging.getLogger(__name__)
 
@@ -165,15 +167,32 @@ class OpenAICompatUpstream:
         return (key,) if key else ()
 
     def prepare(
-        self, body: dict[str, Any], options: RequestOptions, caps: Capabilities, call_id: str
+        self,
+        body: dict[str, Any],
+        options: RequestOptions,
+        caps: Capabilities,
+        call_id: str,
+        reasoning: TaskReasoning,
     ) -> PreparedRequest:
-        """The HTTP request for this upstream."""
+        """The HTTP request for this upstream, earlier reasoning restored where it is taken."""
+
+        def lookup(keys: Sequence[str]) -> StoredReasoning | None:
+            item = reasoning.find(REASONING_KIND, keys)
+            if item is None or not isinstance(item.data, str):
+                return None
+            return StoredReasoning(item.profile, item.data)
+
         out = to_openai_compat_request(
             body,
             model=self.upstream_model,
             dialect=self._dialect,
             options=options,
             takes_reasoning=caps.reasoning_back,
+            profile=self.name,
+            lookup=lookup,
+            required_on_tool_turns=(
+                self._setting == "keep" and self._dialect.reasoning_on_tool_turns_under_keep
+            ),
         )
         headers = {"Content-Type": "application/json", **self._auth_headers()}
         if options.stream:
@@ -192,8 +211,8 @@ class OpenAICompatUpstream:
     def stream_translator(self, options: RequestOptions) -> StreamTranslator:
         return OpenAIStreamTranslator(options, self._secrets())
 
-    def from_response(self, raw: bytes, metrics: CallMetrics) -> bytes:
-        return from_openai_compat_response(raw, metrics)
+    def from_response(self, raw: bytes, metrics: CallMetrics, options: RequestOptions) -> bytes:
+        return from_openai_compat_response(raw, metrics, options.capture_reasoning)
 
     def error_from_response(
         self, status: int, raw: bytes, headers: Mapping[str, str]

@@ -19,9 +19,16 @@ from boundedcode_gateway.errors import (
     redact,
 )
 from boundedcode_gateway.policy.context_overflow import is_context_overflow
-from boundedcode_gateway.policy.reasoning import outgoing_messages
-from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
+from boundedcode_gateway.policy.reasoning import (
+    REASONING_FIELD,
+    REASONING_KIND,
+    Lookup,
+    no_lookup,
+    outgoing_messages,
+)
+from boundedcode_gateway.providers.base import CallMetrics, CapturedReasoning, RequestOptions
 from boundedcode_gateway.providers.openai_compat.profiles import Dialect
+from boundedcode_gateway.reasoning_store.keys import keys_for, text_of
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -57,10 +64,14 @@ def to_openai_compat_request(
     dialect: Dialect,
     options: RequestOptions,
     takes_reasoning: bool,
+    profile: str = "",
+    lookup: Lookup | None = None,
+    required_on_tool_turns: bool = False,
 ) -> dict[str, Any]:
     """The upstream's request: the caller's body with the gateway's few changes.
 
-    Fields the gateway does not interpret pass through unchanged.
+    Fields the gateway does not interpret pass through unchanged. ``lookup`` finds a
+    turn's stored reasoning (see ``policy/reasoning.py``).
     """
     out = dict(body)
     out["model"] = model
@@ -71,7 +82,13 @@ def to_openai_compat_request(
         if dialect.prompt_progress:
             # metered whatever the caller asked; relayed only to callers who asked
             out["return_progress"] = True
-    messages = outgoing_messages(body["messages"], takes_reasoning)
+    messages = outgoing_messages(
+        body["messages"],
+        takes_reasoning,
+        profile=profile,
+        lookup=lookup or no_lookup,
+        required_on_tool_turns=required_on_tool_turns,
+    )
     if messages is not body["messages"]:
         out["messages"] = messages
     if dialect.tool_choice_string_only:
@@ -173,7 +190,20 @@ def _complete_tool_calls(choices: list[Any]) -> bool:
     return changed
 
 
-def from_openai_compat_response(raw: bytes, metrics: CallMetrics) -> bytes:
+def capture_from_message(message: Any) -> CapturedReasoning | None:
+    """The reasoning of an answer message, keyed for its return; None when it had none."""
+    if not isinstance(message, dict):
+        return None
+    reasoning = message.get(REASONING_FIELD)
+    if not isinstance(reasoning, str):
+        return None
+    calls = message.get("tool_calls")
+    ids = [c.get("id") for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+    keys = keys_for([i for i in ids if isinstance(i, str)], text_of(message.get("content")))
+    return CapturedReasoning(REASONING_KIND, keys, reasoning)
+
+
+def from_openai_compat_response(raw: bytes, metrics: CallMetrics, capture: bool = False) -> bytes:
     """Check a non-streamed answer and measure it; the bytes go to the caller unchanged
     unless a tool call needed its id, type or arguments filled in."""
     try:
@@ -186,9 +216,10 @@ def from_openai_compat_response(raw: bytes, metrics: CallMetrics) -> bytes:
     read_answer_metrics(obj, metrics)
     finish = choices[0].get("finish_reason")
     metrics.finish_reason = finish if isinstance(finish, str) else None
-    if _complete_tool_calls(choices):
-        return orjson.dumps(obj)
-    return raw
+    changed = _complete_tool_calls(choices)
+    if capture:
+        metrics.captured = capture_from_message(choices[0].get("message"))
+    return orjson.dumps(obj) if changed else raw
 
 
 def _error_fields(raw: bytes) -> tuple[str, str | None, Any, str | None]:

@@ -34,6 +34,9 @@ class Dialect:
     # llama-server reads only string tool_choice values; an object silently means "auto"
     tool_choice_string_only: bool
     retry: RetryRules
+    # under `keep`, tool-call turns always carry reasoning_content ("" when none is known):
+    # DeepSeek and Kimi refuse them without it
+    reasoning_on_tool_turns_under_keep: bool = False
 
     def takes_reasoning(self, setting: ReasoningHistory, template_preserves: bool) -> bool:
         """Whether earlier reasoning goes back to this kind under ``setting``."""
@@ -66,6 +69,7 @@ LOCAL_OPENAI_COMPATIBLE = Dialect(
     idempotency_key=True,
     tool_choice_string_only=False,
     retry=LOCAL_RETRY,
+    reasoning_on_tool_turns_under_keep=True,
 )
 
 OPENAI = Dialect(
@@ -88,6 +92,7 @@ OPENAI_COMPATIBLE = Dialect(
     idempotency_key=False,
     tool_choice_string_only=False,
     retry=CLOUD_RETRY,
+    reasoning_on_tool_turns_under_keep=True,
 )
 
 DIALECT_BY_PROVIDER: dict[str, Dialect] = {

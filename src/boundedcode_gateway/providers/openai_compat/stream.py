@@ -13,23 +13,57 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.errors import MalformedResponse
-from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
+from boundedcode_gateway.policy.reasoning import REASONING_KIND
+from boundedcode_gateway.providers.base import CallMetrics, CapturedReasoning, RequestOptions
 from boundedcode_gateway.providers.openai_compat.mapping import (
     complete_tool_call_head,
     error_from_stream_event,
     read_answer_metrics,
     read_progress,
 )
+from boundedcode_gateway.reasoning_store.keys import keys_for
 from boundedcode_gateway.wire.sse import DONE
 
 _NOTHING: tuple[bytes, ...] = ()
 _CONTENT_KEYS = ("content", "reasoning_content", "tool_calls", "refusal")
 
 
+class _AnswerText:
+    """The text, reasoning and tool-call ids of a streamed answer, for the reasoning store."""
+
+    __slots__ = ("content", "ids", "reasoning")
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.reasoning: list[str] | None = None
+        self.ids: list[str] = []
+
+    def add(self, choice: dict[str, Any]) -> None:
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return
+        if isinstance(delta.get("content"), str):
+            self.content.append(delta["content"])
+        if isinstance(delta.get("reasoning_content"), str):
+            if self.reasoning is None:
+                self.reasoning = []
+            self.reasoning.append(delta["reasoning_content"])
+        for call in delta.get("tool_calls") or ():
+            if isinstance(call, dict) and isinstance(call.get("id"), str):
+                self.ids.append(call["id"])
+
+    def captured(self) -> CapturedReasoning | None:
+        if self.reasoning is None:
+            return None
+        keys = keys_for(self.ids, "".join(self.content))
+        return CapturedReasoning(REASONING_KIND, keys, "".join(self.reasoning))
+
+
 class OpenAIStreamTranslator:
     """Relays an OpenAI-shaped SSE stream and accumulates its metrics."""
 
     __slots__ = (
+        "_capture",
         "_forward_progress",
         "_forward_usage",
         "_secrets",
@@ -50,6 +84,7 @@ class OpenAIStreamTranslator:
         self._secrets = secrets
         # characters of arguments seen per tool-call index
         self._tool_args: dict[int, int] = {}
+        self._capture = _AnswerText() if options.capture_reasoning else None
 
     def feed(self, event: str, data: bytes) -> Sequence[bytes]:
         """Consume one event; return the payloads to relay (the same bytes, or none)."""
@@ -76,10 +111,16 @@ class OpenAIStreamTranslator:
             if obj.get("usage") and not self._forward_usage:
                 return _NOTHING
             return (data,)
-        choice = choices[0]
+        return self._feed_choice(obj, choices[0], data)
+
+    def _feed_choice(self, obj: dict[str, Any], choice: Any, data: bytes) -> Sequence[bytes]:
         self._observe_choice(choice)
         if self._complete_tool_deltas(choice):
             data = orjson.dumps(obj)
+        if self._capture is not None:
+            self._capture.add(choice)
+            if self.finished:
+                self.metrics.captured = self._capture.captured()
         if self.finished and any(n == 0 for n in self._tool_args.values()):
             return (self._empty_arguments_chunk(obj), data)
         return (data,)
