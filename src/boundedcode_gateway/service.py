@@ -20,6 +20,7 @@ from boundedcode_gateway.policy.capabilities import check_request
 from boundedcode_gateway.policy.history_diff import HistoryTracker
 from boundedcode_gateway.providers.base import CallMetrics, RequestOptions, Upstream
 from boundedcode_gateway.providers.http import HttpClient, read_body
+from boundedcode_gateway.reasoning_store.keys import keys_for, text_of
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.relay import BROKEN_STREAM_RESENDS, StreamRelay
 
@@ -109,11 +110,14 @@ class GatewayService:
         prepared = upstream.prepare(body, options, caps, ctx.call_id, task_reasoning)
         attempts = Attempts(self._http, upstream, prepared, record)
 
+        answered = text_of(body["messages"][-1].get("content"))
+
         def keep_reasoning(metrics: CallMetrics) -> None:
             captured = metrics.captured
             if captured is not None:
+                keys = keys_for(captured.tool_call_ids, captured.text, answered)
                 task_reasoning.keep(
-                    captured.kind, captured.keys, upstream.provider, upstream.name, captured.data
+                    captured.kind, keys, upstream.provider, upstream.name, captured.data
                 )
 
         if not options.stream:

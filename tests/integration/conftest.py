@@ -48,13 +48,13 @@ PROFILES: dict[str, Any] = {
 }
 
 
-def start_real_gateway(data_dir: Path, profiles: dict[str, Any]) -> Gateway:
+def start_real_gateway(data_dir: Path, profiles: dict[str, Any], managed: bool = True) -> Gateway:
     text = yaml.safe_dump({"data_dir": str(data_dir), "models": profiles})
     app = create_app(parse_config(text))
     server = serve_in_thread(app, lifespan="on", startup_timeout=180)
-    for name, upstream in app.upstreams.items():
-        managed = getattr(upstream, "managed", None)
-        assert managed is not None and managed.ready, f"llama-server for {name} did not start"
+    for name, upstream in app.upstreams.items() if managed else ():
+        server_of = getattr(upstream, "managed", None)
+        assert server_of is not None and server_of.ready, f"llama-server for {name} did not start"
     return Gateway(app, server, data_dir)
 
 

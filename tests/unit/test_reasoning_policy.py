@@ -38,7 +38,7 @@ def answer(text: str, *ids: str, reasoning: str | None = None) -> dict[str, Any]
 
 def test_bounded_mode_turn_gets_its_reasoning_back() -> None:
     turn = answer("Done.")
-    lookup = store({message_keys(turn)[0]: ("local", "I reasoned.")})
+    lookup = store({message_keys([USER, turn], 1)[0]: ("local", "I reasoned.")})
     out = outgoing_messages([USER, turn], True, profile="local", lookup=lookup)
     assert out[1] == {**turn, "reasoning_content": "I reasoned."}
     assert "reasoning_content" not in turn  # the caller's message is not changed
@@ -62,13 +62,13 @@ def test_absent_stays_absent_and_empty_stays_empty() -> None:
 
 def test_direct_mode_copy_is_kept() -> None:
     turn = answer("a", reasoning="my own copy")
-    lookup = store({message_keys(turn)[0]: ("local", "stored")})
+    lookup = store({message_keys([turn], 0)[0]: ("local", "stored")})
     assert outgoing_messages([turn], True, profile="local", lookup=lookup)[0] is turn
 
 
 def test_another_profiles_reasoning_is_removed() -> None:
     turn = answer("a", reasoning="written by qwen")
-    lookup = store({message_keys(turn)[0]: ("qwen", "written by qwen")})
+    lookup = store({message_keys([turn], 0)[0]: ("qwen", "written by qwen")})
     out = outgoing_messages([turn], True, profile="local", lookup=lookup)
     assert "reasoning_content" not in out[0]
     # and never restored to a profile that did not write it
@@ -103,8 +103,12 @@ def test_nothing_to_change_returns_the_same_list() -> None:
 
 
 def test_text_keys_ignore_surrounding_whitespace() -> None:
-    assert keys_for([], "  Done.\n") == keys_for([], "Done.")
-    assert keys_for(["call_1"], "x") == ["tool:call_1"]
+    assert keys_for([], "  Done.\n", "q ") == keys_for([], "Done.", "q")
+    assert keys_for(["call_1"], "x", "q") == ["tool:call_1"]
+
+
+def test_same_answer_to_different_questions_has_different_keys() -> None:
+    assert keys_for([], "OK.", "first question") != keys_for([], "OK.", "second question")
 
 
 # -- the property: nothing crosses providers or profiles
@@ -133,14 +137,14 @@ def test_no_reasoning_crosses_profiles(
     for i, (writer, text, tool, sent) in enumerate(turns):
         reasoning = f"reasoning {i} by {writer}"
         ids = (f"call_{i}",) if tool else ()
-        msg = answer(f"{text} #{i}", *ids)
-        for key in message_keys(msg):
+        msg = answer(text, *ids)
+        history += [{"role": "user", "content": f"q{i}", "reasoning_content": "never"}, msg]
+        for key in message_keys(history, len(history) - 1):
             entries[key] = (writer, reasoning)
         if sent == "kept":
             msg["reasoning_content"] = reasoning
         elif sent == "empty":
             msg["reasoning_content"] = ""
-        history += [{"role": "user", "content": f"q{i}", "reasoning_content": "never"}, msg]
         written[len(history) - 1] = (writer, reasoning)
     out = outgoing_messages(history, takes, profile=target, lookup=store(entries))
     for j, msg in enumerate(out):

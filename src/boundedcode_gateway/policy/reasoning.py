@@ -42,10 +42,11 @@ def _without(msg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _assistant_turn(
-    msg: dict[str, Any], profile: str, lookup: Lookup, required_on_tool_turns: bool
+    messages: list[Any], i: int, profile: str, lookup: Lookup, required_on_tool_turns: bool
 ) -> dict[str, Any]:
-    """The assistant message as it goes to a target that takes reasoning."""
-    stored = lookup(message_keys(msg))
+    """The assistant message at ``i`` as it goes to a target that takes reasoning."""
+    msg: dict[str, Any] = messages[i]
+    stored = lookup(message_keys(messages, i))
     if REASONING_FIELD in msg:
         # the caller kept its copy (direct mode); unless another profile wrote the turn
         if stored is not None and stored.profile != profile:
@@ -73,7 +74,7 @@ def outgoing_messages(
         if not isinstance(msg, dict):
             continue
         if takes_reasoning and msg.get("role") == "assistant":
-            new = _assistant_turn(msg, profile, lookup, required_on_tool_turns)
+            new = _assistant_turn(messages, i, profile, lookup, required_on_tool_turns)
         elif REASONING_FIELD in msg:
             new = _without(msg)
         else:

@@ -47,10 +47,11 @@ class Capabilities:
 
 @dataclass(slots=True)
 class CapturedReasoning:
-    """An answer's reasoning as the provider wrote it, and the keys its turn will come back by."""
+    """An answer's reasoning as the provider wrote it, with what its turn will be found by."""
 
     kind: str
-    keys: list[str]
+    tool_call_ids: list[str]
+    text: str
     data: Any
 
 

@@ -28,7 +28,7 @@ from boundedcode_gateway.policy.reasoning import (
 )
 from boundedcode_gateway.providers.base import CallMetrics, CapturedReasoning, RequestOptions
 from boundedcode_gateway.providers.openai_compat.profiles import Dialect
-from boundedcode_gateway.reasoning_store.keys import keys_for, text_of
+from boundedcode_gateway.reasoning_store.keys import text_of, tool_call_ids
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -191,16 +191,15 @@ def _complete_tool_calls(choices: list[Any]) -> bool:
 
 
 def capture_from_message(message: Any) -> CapturedReasoning | None:
-    """The reasoning of an answer message, keyed for its return; None when it had none."""
+    """The reasoning of an answer message and what finds it again; None when it had none."""
     if not isinstance(message, dict):
         return None
     reasoning = message.get(REASONING_FIELD)
     if not isinstance(reasoning, str):
         return None
-    calls = message.get("tool_calls")
-    ids = [c.get("id") for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
-    keys = keys_for([i for i in ids if isinstance(i, str)], text_of(message.get("content")))
-    return CapturedReasoning(REASONING_KIND, keys, reasoning)
+    return CapturedReasoning(
+        REASONING_KIND, tool_call_ids(message), text_of(message.get("content")), reasoning
+    )
 
 
 def from_openai_compat_response(raw: bytes, metrics: CallMetrics, capture: bool = False) -> bytes:

@@ -21,7 +21,6 @@ from boundedcode_gateway.providers.openai_compat.mapping import (
     read_answer_metrics,
     read_progress,
 )
-from boundedcode_gateway.reasoning_store.keys import keys_for
 from boundedcode_gateway.wire.sse import DONE
 
 _NOTHING: tuple[bytes, ...] = ()
@@ -55,8 +54,9 @@ class _AnswerText:
     def captured(self) -> CapturedReasoning | None:
         if self.reasoning is None:
             return None
-        keys = keys_for(self.ids, "".join(self.content))
-        return CapturedReasoning(REASONING_KIND, keys, "".join(self.reasoning))
+        return CapturedReasoning(
+            REASONING_KIND, self.ids, "".join(self.content), "".join(self.reasoning)
+        )
 
 
 class OpenAIStreamTranslator:
