@@ -8,7 +8,8 @@ submitted in a ``finally``. The pipeline knows providers only through
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,8 +17,10 @@ from boundedcode_gateway.attempts import Attempts
 from boundedcode_gateway.errors import GatewayError, ModelNotFound, StreamBroken, UpstreamFailure
 from boundedcode_gateway.metering.meter import CallContext, Meter
 from boundedcode_gateway.metering.writer import MeterWriter
+from boundedcode_gateway.policy import structured
 from boundedcode_gateway.policy.capabilities import check_request
 from boundedcode_gateway.policy.history_diff import HistoryTracker
+from boundedcode_gateway.policy.structured import requested_schema
 from boundedcode_gateway.providers.base import CallMetrics, RequestOptions, Upstream
 from boundedcode_gateway.providers.http import HttpClient, read_body
 from boundedcode_gateway.reasoning_store.keys import keys_for, text_of
@@ -25,6 +28,8 @@ from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.relay import BROKEN_STREAM_RESENDS, StreamRelay
 
 __all__ = ["CallContext", "GatewayService", "JsonAnswer", "StreamAnswer"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -39,7 +44,9 @@ class StreamAnswer:
     relay: StreamRelay
 
 
-def _options(body: dict[str, Any], capture_reasoning: bool) -> RequestOptions:
+def _options(
+    body: dict[str, Any], capture_reasoning: bool, capture_content: bool
+) -> RequestOptions:
     stream = body.get("stream") is True
     stream_options = body.get("stream_options")
     include_usage = (
@@ -50,6 +57,7 @@ def _options(body: dict[str, Any], capture_reasoning: bool) -> RequestOptions:
         include_usage=bool(include_usage),
         return_progress=stream and body.get("return_progress") is True,
         capture_reasoning=capture_reasoning,
+        capture_content=capture_content,
     )
 
 
@@ -68,6 +76,8 @@ class GatewayService:
         self._writer = writer
         self._reasoning = reasoning
         self._history = HistoryTracker()
+        # (profile, schema form) pairs whose upstream refused a schema
+        self._schema_refused: set[tuple[str, str]] = set()
 
     def record_rejected(self, ctx: CallContext, model: str, exc: GatewayError) -> None:
         """Meter a request refused before routing (bad input that still named a model)."""
@@ -95,6 +105,10 @@ class GatewayService:
             meter.error(UpstreamFailure("internal error in the gateway", status=500))
             raise
 
+    def structured_output_refused(self, upstream: Upstream) -> bool:
+        """Whether this profile's upstream refused a schema in its form (for the process's life)."""
+        return (upstream.name, upstream.schema_form) in self._schema_refused
+
     async def _call(
         self, meter: Meter, upstream: Upstream, body: dict[str, Any]
     ) -> JsonAnswer | StreamAnswer:
@@ -103,27 +117,64 @@ class GatewayService:
         record.upstream_model = upstream.upstream_model
         record.changed = self._history.observe(ctx.task, ctx.purpose, body["messages"])
         caps = await upstream.capabilities()
-        options = _options(body, capture_reasoning=caps.reasoning_back)
+        schema = requested_schema(body)
+        options = _options(
+            body, capture_reasoning=caps.reasoning_back, capture_content=schema is not None
+        )
         record.stream = options.stream
         check_request(body, caps, upstream.name)
         task_reasoning = await self._reasoning.task(ctx.task)
-        prepared = upstream.prepare(body, options, caps, ctx.call_id, task_reasoning)
-        attempts = Attempts(self._http, upstream, prepared, record)
-
         answered = text_of(body["messages"][-1].get("content"))
 
-        def keep_reasoning(metrics: CallMetrics) -> None:
+        def on_answer(metrics: CallMetrics) -> None:
             captured = metrics.captured
             if captured is not None:
                 keys = keys_for(captured.tool_call_ids, captured.text, answered)
                 task_reasoning.keep(
                     captured.kind, keys, upstream.provider, upstream.name, captured.data
                 )
+            if schema is not None and record.structured_output == structured.SENT:
+                record.schema_valid = structured.reply_matches(metrics.answer_text, schema.schema)
+                if not record.schema_valid:
+                    log.warning(
+                        "model %s: the reply does not match the schema it was sent", upstream.name
+                    )
 
+        def send(with_schema: bool) -> Awaitable[JsonAnswer | StreamAnswer]:
+            prepared = upstream.prepare(
+                body, options, caps, ctx.call_id, task_reasoning, send_schema=with_schema
+            )
+            attempts = Attempts(self._http, upstream, prepared, record)
+            return self._answer(meter, upstream, attempts, options, on_answer)
+
+        if schema is None:
+            return await send(False)
+        if self.structured_output_refused(upstream):
+            record.structured_output = structured.SKIPPED_KNOWN_REJECTION
+            return await send(False)
+        record.structured_output = structured.SENT
+        try:
+            return await send(True)
+        except UpstreamFailure as exc:
+            if not structured.is_schema_rejection(exc.http_status, exc.message):
+                raise
+        # the provider refused the schema: the prompt still describes the JSON
+        self._schema_refused.add((upstream.name, upstream.schema_form))
+        record.structured_output = structured.DROPPED_AFTER_REJECTION
+        return await send(False)
+
+    async def _answer(
+        self,
+        meter: Meter,
+        upstream: Upstream,
+        attempts: Attempts,
+        options: RequestOptions,
+        on_answer: Callable[[CallMetrics], None],
+    ) -> JsonAnswer | StreamAnswer:
         if not options.stream:
-            return await self._answer_whole(meter, upstream, attempts, options, keep_reasoning)
+            return await self._answer_whole(meter, upstream, attempts, options, on_answer)
         relay = StreamRelay(
-            meter, attempts, lambda: upstream.stream_translator(options), options, keep_reasoning
+            meter, attempts, lambda: upstream.stream_translator(options), options, on_answer
         )
         try:
             first = await relay.open()

@@ -129,14 +129,16 @@ class Router:
         upstream = self.service.upstreams.get(name)
         if upstream is None:
             raise ModelNotFound(f"The model '{name}' does not exist on this gateway", param="model")
-        caps = await upstream.capabilities()
+        caps = (await upstream.capabilities()).to_json()
+        if self.service.structured_output_refused(upstream):
+            caps["structured_output"] = False
         return {
             "id": name,
             "object": "model",
             "created": int(self.started_at),
             "owned_by": upstream.provider,
             "upstream_model": upstream.upstream_model,
-            "capabilities": caps.to_json(),
+            "capabilities": caps,
         }
 
     def _context(self, scope: dict[str, Any], path_task: str | None) -> CallContext:

@@ -47,7 +47,9 @@ SELECT_RECENT_FOR_TASK_SQL = (
 )
 
 # SQLite hands BOOLEAN columns back as 0/1; rows should read like CallRecord.to_dict().
-_BOOL_FIELDS = frozenset(f.name for f in fields(CallRecord) if f.type in ("bool", bool))
+_BOOL_FIELDS = frozenset(
+    f.name for f in fields(CallRecord) if f.type in ("bool", bool, "bool | None")
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,9 @@ class CallRecord:
     changed: int | None = None
     retried: bool = False
     attempts: int = 0
+    # "sent", "dropped_after_rejection", "skipped_known_rejection"; None without a schema
+    structured_output: str | None = None
+    schema_valid: bool | None = None
     # call log only: each attempt's {"status", "code"}, in order
     attempt_log: list[dict[str, Any]] = field(default_factory=list)
 

@@ -69,6 +69,8 @@ class CallMetrics:
     finish_reason: str | None = None
     upstream_model: str | None = None
     captured: CapturedReasoning | None = None
+    # the answer's text, kept when a schema was sent (to check the reply against it)
+    answer_text: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,8 @@ class RequestOptions:
     return_progress: bool
     # keep the answer's reasoning for the next turn (the target takes it back)
     capture_reasoning: bool = False
+    # keep the answer's text (a schema was sent)
+    capture_content: bool = False
 
 
 @dataclass(slots=True)
@@ -128,6 +132,11 @@ class Upstream(Protocol):
         """The profile's limit on resending."""
         ...
 
+    @property
+    def schema_form(self) -> str:
+        """The form a JSON schema takes in this provider's request (remembered if refused)."""
+        ...
+
     async def start(self) -> None:
         """Bring up what the profile runs itself (a managed server); no-op otherwise."""
         ...
@@ -143,6 +152,7 @@ class Upstream(Protocol):
         caps: Capabilities,
         call_id: str,
         reasoning: TaskReasoning,
+        send_schema: bool,
     ) -> PreparedRequest:
         """Translate an OpenAI request body into the provider's request."""
         ...

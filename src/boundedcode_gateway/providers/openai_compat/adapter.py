@@ -91,6 +91,10 @@ class OpenAICompatUpstream:
     def retry_budget(self) -> RetryBudget:
         return RetryBudget(self._profile.retry.max_attempts, self._profile.retry.max_total_s)
 
+    @property
+    def schema_form(self) -> str:
+        return "response_format"
+
     def _assumed(self) -> Capabilities:
         d = self._dialect
         return Capabilities(
@@ -173,6 +177,7 @@ class OpenAICompatUpstream:
         caps: Capabilities,
         call_id: str,
         reasoning: TaskReasoning,
+        send_schema: bool,
     ) -> PreparedRequest:
         """The HTTP request for this upstream, earlier reasoning restored where it is taken."""
 
@@ -193,6 +198,7 @@ class OpenAICompatUpstream:
             required_on_tool_turns=(
                 self._setting == "keep" and self._dialect.reasoning_on_tool_turns_under_keep
             ),
+            send_schema=send_schema,
         )
         headers = {"Content-Type": "application/json", **self._auth_headers()}
         if options.stream:
@@ -212,7 +218,9 @@ class OpenAICompatUpstream:
         return OpenAIStreamTranslator(options, self._secrets())
 
     def from_response(self, raw: bytes, metrics: CallMetrics, options: RequestOptions) -> bytes:
-        return from_openai_compat_response(raw, metrics, options.capture_reasoning)
+        return from_openai_compat_response(
+            raw, metrics, options.capture_reasoning, options.capture_content
+        )
 
     def error_from_response(
         self, status: int, raw: bytes, headers: Mapping[str, str]

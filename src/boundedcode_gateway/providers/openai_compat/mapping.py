@@ -26,6 +26,7 @@ from boundedcode_gateway.policy.reasoning import (
     no_lookup,
     outgoing_messages,
 )
+from boundedcode_gateway.policy.structured import RequestedSchema, requested_schema, strict_schema
 from boundedcode_gateway.providers.base import CallMetrics, CapturedReasoning, RequestOptions
 from boundedcode_gateway.providers.openai_compat.profiles import Dialect
 from boundedcode_gateway.reasoning_store.keys import text_of, tool_call_ids
@@ -67,6 +68,7 @@ def to_openai_compat_request(
     profile: str = "",
     lookup: Lookup | None = None,
     required_on_tool_turns: bool = False,
+    send_schema: bool = True,
 ) -> dict[str, Any]:
     """The upstream's request: the caller's body with the gateway's few changes.
 
@@ -93,7 +95,31 @@ def to_openai_compat_request(
         out["messages"] = messages
     if dialect.tool_choice_string_only:
         _named_tool_to_required(out)
+    schema = requested_schema(body)
+    if schema is not None:
+        if send_schema:
+            out["response_format"] = schema_response_format(schema, dialect.strict_schema)
+        else:
+            del out["response_format"]
     return out
+
+
+def schema_response_format(schema: RequestedSchema, strict: bool) -> dict[str, Any]:
+    """``response_format`` in the target's form: OpenAI's strict one, or llama.cpp's, which
+    reads only ``json_schema.schema``."""
+    if not strict:
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": schema.name, "schema": schema.schema},
+        }
+    return {
+        "type": "json_schema",
+        "json_schema": {
+            "name": schema.name,
+            "schema": strict_schema(schema.schema),
+            "strict": True,
+        },
+    }
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -202,7 +228,9 @@ def capture_from_message(message: Any) -> CapturedReasoning | None:
     )
 
 
-def from_openai_compat_response(raw: bytes, metrics: CallMetrics, capture: bool = False) -> bytes:
+def from_openai_compat_response(
+    raw: bytes, metrics: CallMetrics, capture: bool = False, capture_content: bool = False
+) -> bytes:
     """Check a non-streamed answer and measure it; the bytes go to the caller unchanged
     unless a tool call needed its id, type or arguments filled in."""
     try:
@@ -216,8 +244,11 @@ def from_openai_compat_response(raw: bytes, metrics: CallMetrics, capture: bool 
     finish = choices[0].get("finish_reason")
     metrics.finish_reason = finish if isinstance(finish, str) else None
     changed = _complete_tool_calls(choices)
+    message = choices[0].get("message")
     if capture:
-        metrics.captured = capture_from_message(choices[0].get("message"))
+        metrics.captured = capture_from_message(message)
+    if capture_content and isinstance(message, dict):
+        metrics.answer_text = text_of(message.get("content"))
     return orjson.dumps(obj) if changed else raw
 
 

@@ -34,6 +34,8 @@ class Dialect:
     # llama-server reads only string tool_choice values; an object silently means "auto"
     tool_choice_string_only: bool
     retry: RetryRules
+    # a schema goes in OpenAI's strict form (llama.cpp reads only json_schema.schema)
+    strict_schema: bool = True
     # under `keep`, tool-call turns always carry reasoning_content ("" when none is known):
     # DeepSeek and Kimi refuse them without it
     reasoning_on_tool_turns_under_keep: bool = False
@@ -58,6 +60,7 @@ LLAMA_CPP = Dialect(
     idempotency_key=True,
     tool_choice_string_only=True,
     retry=LOCAL_RETRY,
+    strict_schema=False,
 )
 
 LOCAL_OPENAI_COMPATIBLE = Dialect(

@@ -66,6 +66,7 @@ class OpenAIStreamTranslator:
         "_capture",
         "_forward_progress",
         "_forward_usage",
+        "_keep_content",
         "_secrets",
         "_tool_args",
         "content_started",
@@ -84,7 +85,10 @@ class OpenAIStreamTranslator:
         self._secrets = secrets
         # characters of arguments seen per tool-call index
         self._tool_args: dict[int, int] = {}
-        self._capture = _AnswerText() if options.capture_reasoning else None
+        self._capture = (
+            _AnswerText() if options.capture_reasoning or options.capture_content else None
+        )
+        self._keep_content = options.capture_content
 
     def feed(self, event: str, data: bytes) -> Sequence[bytes]:
         """Consume one event; return the payloads to relay (the same bytes, or none)."""
@@ -121,6 +125,8 @@ class OpenAIStreamTranslator:
             self._capture.add(choice)
             if self.finished:
                 self.metrics.captured = self._capture.captured()
+                if self._keep_content:
+                    self.metrics.answer_text = "".join(self._capture.content)
         if self.finished and any(n == 0 for n in self._tool_args.values()):
             return (self._empty_arguments_chunk(obj), data)
         return (data,)
