@@ -27,7 +27,7 @@ from boundedcode_gateway.reasoning_store.keys import keys_for, text_of
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.relay import BROKEN_STREAM_RESENDS, StreamRelay
 
-__all__ = ["CallContext", "GatewayService", "JsonAnswer", "StreamAnswer"]
+__all__ = ["GatewayService", "JsonAnswer", "StreamAnswer"]
 
 log = logging.getLogger(__name__)
 
