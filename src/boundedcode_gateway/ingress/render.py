@@ -22,8 +22,8 @@ SSE_HEADERS: list[tuple[bytes, bytes]] = [
 async def send_json(
     send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    """A complete JSON answer."""
-    headers = JSON_HEADERS + (extra or [])
+    """A complete JSON answer, with its length (not chunked)."""
+    headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode()), *(extra or [])]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
