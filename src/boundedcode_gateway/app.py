@@ -7,7 +7,8 @@ import logging
 from typing import Any
 
 from boundedcode_gateway.config import GatewayConfig
-from boundedcode_gateway.ingress.render import Receive, Send, send_json
+from boundedcode_gateway.errors import GatewayError
+from boundedcode_gateway.ingress.render import Receive, Send, send_error
 from boundedcode_gateway.ingress.routes import Router
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.providers.base import Upstream
@@ -60,11 +61,8 @@ class GatewayApp:
         kind = scope["type"]
         if kind == "http":
             if not self._started:
-                await send_json(
-                    send,
-                    503,
-                    b'{"error":{"message":"starting","type":"server_error",'
-                    b'"param":null,"code":"starting"}}',
+                await send_error(
+                    send, GatewayError("the gateway is starting", code="starting", status=503)
                 )
                 return
             await self.router(scope, receive, send)

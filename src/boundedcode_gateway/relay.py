@@ -20,7 +20,7 @@ from boundedcode_gateway.errors import GatewayError, StreamBroken
 from boundedcode_gateway.metering.meter import Meter
 from boundedcode_gateway.providers.base import CallMetrics, RequestOptions, StreamTranslator
 from boundedcode_gateway.providers.http import iter_body
-from boundedcode_gateway.wire.sse import DONE_EVENT, SSEDecoder, SSEEvent
+from boundedcode_gateway.wire.sse import DONE_EVENT, SSEDecoder, SSEEvent, encode_data
 
 # a broken stream is sent once more; a second break is final
 BROKEN_STREAM_RESENDS = 1
@@ -38,10 +38,6 @@ def discard_chunk(call_id: str, model: str, reason: str) -> bytes:
             "boundedcode": {"event": "discard", "reason": reason},
         }
     )
-
-
-def _frame(payload: bytes) -> bytes:
-    return b"data: " + payload + b"\n\n"
 
 
 class StreamRelay:
@@ -177,7 +173,7 @@ class StreamRelay:
                 final: GatewayError = exc
                 try:
                     if await self._resend_after_break(exc):
-                        yield _frame(self._discard(exc.message))
+                        yield encode_data(self._discard(exc.message))
                         continue
                 except GatewayError as reopen_error:
                     final = reopen_error
@@ -209,7 +205,7 @@ class StreamRelay:
     def _fail(self, exc: GatewayError) -> bytes:
         self._error = exc
         self.close()
-        return _frame(orjson.dumps(exc.to_body()))
+        return encode_data(orjson.dumps(exc.to_body()))
 
     # -- the end
 

@@ -71,7 +71,7 @@ def _chat_task(path: str) -> tuple[bool, str | None]:
     return False, None
 
 
-async def read_body(scope: dict[str, Any], receive: Receive, limit: int) -> bytes:
+async def read_request_body(scope: dict[str, Any], receive: Receive, limit: int) -> bytes:
     """The request body, refused with 413 as soon as it passes ``limit`` bytes."""
     declared = _header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -159,7 +159,7 @@ class Router:
     async def _chat(
         self, scope: dict[str, Any], receive: Receive, send: Send, path_task: str | None
     ) -> None:
-        raw = await read_body(scope, receive, self.max_body_bytes)
+        raw = await read_request_body(scope, receive, self.max_body_bytes)
         try:
             parsed: Any = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:

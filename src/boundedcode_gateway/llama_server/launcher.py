@@ -152,7 +152,7 @@ class ManagedLlamaServer:
         url = f"http://{LOOPBACK}:{self._port}/health"
         while not exited.done() and not self._stopping:
             try:
-                resp = await self._http.send("GET", url, {})
+                resp = await self._http.send("GET", url, {}, resend_safe=True)
                 await read_body(resp)
                 if resp.status == 200:
                     self._ready.set()

@@ -100,16 +100,21 @@ def is_schema_rejection(status: int, message: str) -> bool:
     return status == 400 and any(p.search(message) for p in SCHEMA_REJECTION_PATTERNS)
 
 
+def _valid(value: Any, schema: Any) -> bool:
+    try:
+        jsonschema.validate(value, schema)
+    except (jsonschema.ValidationError, jsonschema.SchemaError):
+        return False
+    return True
+
+
 def reply_matches(text: str | None, schema: dict[str, Any]) -> bool:
-    """Whether the reply's text is JSON that the schema accepts."""
+    """Whether the reply's text is JSON that the schema accepts, as the caller wrote it or
+    in the strict form the gateway may have sent (where an optional field may be null)."""
     if text is None:
         return False
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError:
         return False
-    try:
-        jsonschema.validate(value, schema)
-    except (jsonschema.ValidationError, jsonschema.SchemaError):
-        return False
-    return True
+    return _valid(value, schema) or _valid(value, strict_schema(schema))

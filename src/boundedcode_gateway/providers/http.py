@@ -62,7 +62,7 @@ class HttpClient:
         headers: dict[str, str],
         body: bytes | None = None,
         *,
-        resend_safe: bool = True,
+        resend_safe: bool = False,
     ) -> aiohttp.ClientResponse:
         """Send a request and return the response once its headers arrived.
 

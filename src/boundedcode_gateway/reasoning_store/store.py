@@ -43,6 +43,9 @@ class _Appender:
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[tuple[Path, bytes] | None] = queue.SimpleQueue()
+        # files whose end was checked: only a file written before this process can end
+        # in half a line
+        self._checked: set[Path] = set()
         self._thread = threading.Thread(target=self._run, name="reasoning-appender", daemon=True)
         self._thread.start()
 
@@ -55,8 +58,10 @@ class _Appender:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with open(path, "ab") as f:
-                    if f.tell() > 0 and not _ends_with_newline(path):
-                        f.write(b"\n")  # a crash left half a line: start afresh
+                    if path not in self._checked:
+                        self._checked.add(path)
+                        if f.tell() > 0 and not _ends_with_newline(path):
+                            f.write(b"\n")  # a crash left half a line: start afresh
                     f.write(line)
             except OSError:
                 log.exception("cannot append to %s", path)

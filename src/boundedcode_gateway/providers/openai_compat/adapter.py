@@ -78,6 +78,7 @@ class OpenAICompatUpstream:
         self._caps: Capabilities | None = None
         self._caps_lock = asyncio.Lock()
         self.managed = _managed_server(name, profile, config, http)
+        self._budget = RetryBudget(profile.retry.max_attempts, profile.retry.max_total_s)
 
     @property
     def dialect(self) -> Dialect:
@@ -89,7 +90,7 @@ class OpenAICompatUpstream:
 
     @property
     def retry_budget(self) -> RetryBudget:
-        return RetryBudget(self._profile.retry.max_attempts, self._profile.retry.max_total_s)
+        return self._budget
 
     @property
     def schema_form(self) -> str:
@@ -124,9 +125,9 @@ class OpenAICompatUpstream:
         return (self._profile.external_url or "").rstrip("/")
 
     def _chat_url(self) -> str:
-        if self.provider == "local":
-            return self._server_root() + "/v1/chat/completions"
-        return self._profile.upstream_base_url + "/chat/completions"
+        # a managed server moves to a new port when it restarts
+        base = self.managed.base_url() + "/v1" if self.managed else self._profile.upstream_base_url
+        return base + "/chat/completions"
 
     async def start(self) -> None:
         """Start the managed llama-server, if the profile has one."""
@@ -136,7 +137,7 @@ class OpenAICompatUpstream:
     async def _read_props(self) -> Capabilities | None:
         try:
             url = self._server_root() + "/props"
-            resp = await self._http.send("GET", url, self._auth_headers())
+            resp = await self._http.send("GET", url, self._auth_headers(), resend_safe=True)
             raw = await read_body(resp)
         except GatewayError as exc:
             log.warning("model %s: cannot read /props yet: %s", self.name, exc.message)
