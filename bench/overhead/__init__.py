@@ -1,0 +1,1 @@
+"""The overhead benchmark: this gateway against the direct path, LiteLLM and Portkey."""

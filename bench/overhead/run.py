@@ -1,0 +1,201 @@
+"""The benchmark run: start the fake and the targets, measure every lane in rounds, print the table.
+
+Targets are measured one after another within each lane, their order rotated
+every round, so that a change in the machine's load spreads over all of them.
+Whatever was started is stopped by PID in a ``finally``, whatever failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import orjson
+import uvloop
+
+from bench.overhead import procs, table
+from bench.overhead.http_client import build_request
+from bench.overhead.lanes import Lane, body_for, check_for, full_lanes
+from bench.overhead.loadgen import run_load
+from bench.overhead.results import Results, Sample
+from bench.overhead.targets import ALL_TARGETS, BENCH_DIR, PEERS, STARTERS, Env, Running
+
+SMOKE_TARGETS = ("direct", "gateway")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__)
+    p.add_argument("--targets", default=",".join(ALL_TARGETS), help="comma-separated")
+    p.add_argument("--lanes", default="", help="comma-separated lane keys (default: all)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=2.0, help="bound of each measurement")
+    p.add_argument("--smoke", action="store_true", help="direct and gateway only, ~10 s in all")
+    p.add_argument("--json", type=Path, help="also write every sample to this file")
+    p.add_argument("--keep", action="store_true", help="keep the work folder (logs, configs)")
+    return p
+
+
+def _versions(names: Sequence[str]) -> list[str]:
+    out = [f"python {platform.python_version()}", f"kernel {platform.release()}"]
+    try:
+        from importlib.metadata import version
+
+        out.append(f"boundedcode-gateway {version('boundedcode-gateway')}")
+        if "litellm" in names:
+            out.append(f"litellm {version('litellm')}")
+    except Exception:
+        pass
+    if "portkey" in names:
+        pkg = BENCH_DIR / "node_modules/@portkey-ai/gateway/package.json"
+        if pkg.exists():
+            out.append(f"portkey-gateway {orjson.loads(pkg.read_bytes())['version']}")
+        node = shutil.which("node")
+        if node:
+            out.append(
+                "node "
+                + subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
+            )
+    return out
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown cpu"
+
+
+async def _measure(lane: Lane, target: Running, rnd: int) -> Sample:
+    route = target.routes[lane.kind]
+    direct = target.name == "direct"
+    body = body_for(lane, route, direct)
+    request = build_request("127.0.0.1", target.port, route.path, body, route.headers)
+    pid = target.proc.pid if target.proc else None
+    cpu0 = procs.tree_cpu_s(pid) if pid else 0.0
+    res = await run_load(
+        "127.0.0.1",
+        target.port,
+        request,
+        check_for(lane, direct),
+        lane.concurrency,
+        lane.max_requests,
+        lane.max_seconds,
+    )
+    cpu = (procs.tree_cpu_s(pid) - cpu0) if pid else float("nan")
+    return Sample.of(rnd, lane.key, target.name, res, cpu)
+
+
+async def _rounds(
+    lanes: Sequence[Lane], running: Sequence[Running], rounds: int, log: bool
+) -> list[Sample]:
+    samples: list[Sample] = []
+    for rnd in range(rounds):
+        for lane in lanes:
+            order = list(running[rnd % len(running) :]) + list(running[: rnd % len(running)])
+            for target in order:
+                if lane.kind not in target.routes:
+                    continue
+                s = await _measure(lane, target, rnd)
+                samples.append(s)
+                if log:
+                    print(
+                        f"  round {rnd + 1} {lane.key:9} {target.name:16} ok={s.ok:<6} "
+                        f"err={s.errors:<4} p50={s.p50_ms:.3f} ms rps={s.rps:,.0f}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    return samples
+
+
+def _start_fake(work: Path, core: int | None) -> tuple[procs.Proc, int]:
+    port = procs.free_port()
+    argv = [sys.executable, "-m", "bench.overhead.fake_upstream", "--port", str(port)]
+    proc = procs.start("fake", argv, core, work, cwd=BENCH_DIR.parent)
+    procs.wait_listening(proc, port, 20)
+    return proc, port
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    opts = _parser().parse_args(argv)
+    names = list(SMOKE_TARGETS) if opts.smoke else [t for t in opts.targets.split(",") if t]
+    unknown = [n for n in names if n not in STARTERS]
+    if unknown:
+        print(f"unknown targets: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    seconds = 0.4 if opts.smoke else opts.seconds
+    rounds = 1 if opts.smoke else opts.rounds
+    lanes = full_lanes(seconds)
+    if opts.lanes:
+        wanted = set(opts.lanes.split(","))
+        lanes = [lane for lane in lanes if lane.key in wanted]
+
+    load_core, target_core = procs.cores()
+    if load_core is not None:
+        os.sched_setaffinity(0, {load_core})  # the load generator shares the fake's core
+    work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
+    started: list[procs.Proc] = []
+    running: list[Running] = []
+    notes: dict[str, dict[str, str]] = {}
+    load_before = procs.loadavg()
+    began = time.monotonic()
+    try:
+        fake, fake_port = _start_fake(work, load_core)
+        started.append(fake)
+        env = Env(fake_port, target_core, work)
+        for name in names:
+            try:
+                target = STARTERS[name](env)
+            except (RuntimeError, FileNotFoundError) as exc:
+                if name not in PEERS:
+                    raise
+                print(f"{name}: not measured: {exc}", file=sys.stderr)
+                continue
+            if target.proc is not None:
+                started.append(target.proc)
+            running.append(target)
+            notes[name] = dict(target.notes)
+        samples = uvloop.run(_rounds(lanes, running, rounds, log=not opts.smoke))
+    finally:
+        for proc in reversed(started):
+            procs.stop(proc)
+        if not opts.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    load_after = procs.loadavg()
+
+    measured = [t.name for t in running]
+    lane_notes = {
+        t: {lane.key: note for lane in lanes for kind, note in n.items() if lane.kind == kind}
+        for t, n in notes.items()
+    }
+    results = Results(samples)
+    header = [
+        f"overhead benchmark: {rounds} round(s) x {seconds:g} s per lane, medians over rounds;"
+        f" {os.cpu_count()} cores ({_cpu_model()}); target on core {target_core},"
+        f" fake + load generator on core {load_core}",
+        "versions: " + ", ".join(_versions(measured)),
+        f"load before: {load_before}; after: {load_after};"
+        f" run took {time.monotonic() - began:.0f} s",
+        "",
+    ]
+    print("\n".join(header))
+    print(table.render(results, measured, lane_notes, [lane.key for lane in lanes]))
+    if any(p in measured for p in PEERS):
+        print()
+        print(table.render_goals(results, [lane.key for lane in lanes]))
+    if opts.json:
+        opts.json.write_bytes(
+            orjson.dumps([asdict(s) for s in samples], option=orjson.OPT_INDENT_2)
+        )
+    return 0
