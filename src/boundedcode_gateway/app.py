@@ -29,7 +29,7 @@ class GatewayApp:
             Timeouts(config.inference.connect_timeout_s, config.inference.read_timeout_s)
         )
         self.upstreams: dict[str, Upstream] = build_upstreams(config, self.http)
-        self.writer = MeterWriter(config.calls_path, config.ledger_path)
+        self.writer = MeterWriter(config.calls_path, config.ledger_path, enabled=config.metering)
         self.reasoning = ReasoningStore(config.data_path)
         self.service = GatewayService(self.upstreams, self.http, self.writer, self.reasoning)
         self.router = Router(self.service, config.max_body_bytes)

@@ -126,6 +126,7 @@ class GatewayConfig(_Strict):
     ledger: str | None = None
     llama_server_bin: str | None = None
     max_body_mib: float = Field(default=32.0, gt=0)
+    metering: bool = True  # false: no call log, no ledger (what metering costs, measured)
     inference: InferenceSettings = InferenceSettings()
     models: dict[str, ModelProfile] = Field(min_length=1)
 

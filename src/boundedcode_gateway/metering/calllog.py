@@ -20,7 +20,8 @@ def append_lines(path: Path, records: Sequence[CallRecord]) -> None:
     """Append one JSON line per record in a single write, then flush."""
     if not records:
         return
-    data = b"".join(orjson.dumps(r.to_dict()) + b"\n" for r in records)
+    # orjson serialises the dataclass itself, in field order, as to_dict() would read
+    data = b"".join(orjson.dumps(r) + b"\n" for r in records)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+b") as f:
         # A crash can leave a last line without its newline; start on a fresh line

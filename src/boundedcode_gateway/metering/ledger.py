@@ -14,6 +14,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from importlib.resources import files
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ MIGRATIONS_DIR = "migrations"
 _MIGRATION_NAME = re.compile(r"^(\d{4})_(\w+)\.sql$")
 
 _COLUMNS = ", ".join(LEDGER_FIELDS)
+_ROW = attrgetter(*LEDGER_FIELDS)  # a record's ledger values, in column order
 _PLACEHOLDERS = ", ".join("?" for _ in LEDGER_FIELDS)
 
 BEGIN_SQL = "BEGIN"
@@ -116,7 +118,7 @@ class Ledger:
         if not records:
             return
         conn = self._connection()
-        rows = [tuple(getattr(r, name) for name in LEDGER_FIELDS) for r in records]
+        rows = [_ROW(r) for r in records]
         with _transaction(conn):
             conn.executemany(INSERT_CALL_SQL, rows)
 
