@@ -10,13 +10,11 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
-import aiohttp
-
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.policy.retry import decide
 from boundedcode_gateway.providers.base import PreparedRequest, Upstream
-from boundedcode_gateway.providers.http import HttpClient, read_body
+from boundedcode_gateway.providers.http import HttpClient, UpstreamResponse, read_body
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -43,7 +41,7 @@ class Attempts:
         """Note how the latest attempt ended."""
         self._record.attempt_log.append({"status": status, "code": code})
 
-    async def open(self) -> aiohttp.ClientResponse:
+    async def open(self) -> UpstreamResponse:
         """A 200 response to the request, sending again where the policy allows."""
         p = self._prepared
         while True:

@@ -12,14 +12,13 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
-import aiohttp
 import orjson
 
 from boundedcode_gateway.attempts import Attempts
 from boundedcode_gateway.errors import GatewayError, StreamBroken
 from boundedcode_gateway.metering.meter import Meter
 from boundedcode_gateway.providers.base import CallMetrics, RequestOptions, StreamTranslator
-from boundedcode_gateway.providers.http import iter_body
+from boundedcode_gateway.providers.http import UpstreamResponse, iter_body
 from boundedcode_gateway.wire.sse import DONE_EVENT, SSEDecoder, SSEEvent, encode_data
 
 # a broken stream is sent once more; a second break is final
@@ -56,7 +55,7 @@ class StreamRelay:
         self._new_translator = new_translator
         self._options = options
         self._on_success = on_success
-        self._resp: aiohttp.ClientResponse | None = None
+        self._resp: UpstreamResponse | None = None
         self._translator = new_translator()
         self._decoder = SSEDecoder()
         self._pending: deque[SSEEvent] = deque()

@@ -1,16 +1,29 @@
 """The one shared HTTP client for every upstream, and the mapping of transport errors.
 
 Owns connection pooling and timeouts. It must not know any provider's payloads:
-it moves bytes and turns aiohttp's exceptions into the gateway's error tree.
+it moves bytes and turns transport failures into the gateway's error tree.
+
+A small HTTP/1.1 client of its own (an asyncio protocol with httptools parsing)
+rather than aiohttp's: the gateway sends one kind of request (a POST or GET with a
+body already serialised) and reads one kind of answer, and aiohttp's general
+request machinery cost about three times the CPU per call, the largest part of
+the gateway's own overhead (see docs/performance.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
+import time
+import zlib
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import cast
+from urllib.parse import urlsplit
 
-import aiohttp
+import httptools
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from boundedcode_gateway.errors import StreamBroken, UpstreamTimeout, UpstreamUnavailable
 
@@ -20,9 +33,9 @@ POOL_IDLE_TIMEOUT_S = 4.0
 # llama-server also closes a connection after a streamed answer or an error status,
 # so a pooled connection may be dead however young; each failed try discards one.
 STALE_CONNECTION_TRIES = 3
-
-# Failures that happen before any response byte: the request was not answered.
-_STALE_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+# a streamed body buffered beyond this (a slow caller) pauses reading the upstream
+_HIGH_WATER = 1 << 20
+_USER_AGENT = "boundedcode-gateway"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,29 +44,276 @@ class Timeouts:
     read_s: float
 
 
+class _Stale(Exception):
+    """The connection closed before any byte of the response: the request was not answered."""
+
+
+class _Cut(Exception):
+    """The connection closed in the middle of the response."""
+
+
+class _Protocol(asyncio.Protocol):
+    """One upstream connection; at most one exchange at a time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._waiter: asyncio.Future[None] | None = None
+        self._header_name = b""
+        self._paused = False
+        self.closed = False
+        self.error: Exception | None = None
+        self.idle_since = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.raw_headers: list[tuple[bytes, bytes]] = []
+        self.headers_done = False
+        self.complete = False
+        self.keep_alive = False
+        self.got_bytes = False
+        self.chunks: deque[bytes] = deque()
+        self.buffered = 0
+
+    # -- asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but behave as one
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(_Cut("the upstream switched protocols"))
+        except httptools.HttpParserError as exc:
+            self._fail(_Cut(f"the upstream's answer is not valid HTTP: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.complete:
+            return
+        if self.headers_done and not self._has_length():
+            # a body delimited by the end of the connection ends here
+            self.on_message_complete()
+            return
+        self._fail(_Cut("the connection was closed") if self.got_bytes else _Stale(str(exc or "")))
+
+    def pause_writing(self) -> None:  # request bodies are small; the kernel buffers them
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # -- httptools callbacks
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.raw_headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self.headers_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > _HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        # asked here: once the message is done the parser no longer knows
+        self.keep_alive = not self.closed and self._parser.should_keep_alive()
+        self._wake()
+
+    # -- the exchange
+
+    def _has_length(self) -> bool:
+        return any(
+            n.lower() in (b"content-length", b"transfer-encoding") for n, _ in self.raw_headers
+        )
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _fail(self, exc: Exception) -> None:
+        if self.error is None:
+            self.error = exc
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(exc)
+        if self.transport is not None:
+            self.transport.close()
+
+    def start(self, request: bytes) -> None:
+        if self.closed or self.transport is None:
+            raise _Stale("the pooled connection was closed")
+        self._reset()
+        self.error = None
+        self.transport.write(request)
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until the parser made progress; TimeoutError after ``timeout_s`` of silence."""
+        if self.error is not None:
+            raise self.error
+        waiter = self._loop.create_future()
+        self._waiter = waiter
+        timer = self._loop.call_later(timeout_s, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    def take(self) -> bytes:
+        """What the body has buffered so far."""
+        chunks = self.chunks
+        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self.buffered = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    def reusable(self) -> bool:
+        return self.complete and self.keep_alive and not self.closed
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+class _Decoder:
+    """Content-Encoding gzip/deflate, for an upstream that compresses unasked."""
+
+    def __init__(self, encoding: str) -> None:
+        wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+        self._z = zlib.decompressobj(wbits)
+
+    def feed(self, data: bytes) -> bytes:
+        return self._z.decompress(data)
+
+    def flush(self) -> bytes:
+        return self._z.flush()
+
+
+class UpstreamResponse:
+    """An answer whose status and headers have arrived; the body is read as it comes."""
+
+    def __init__(self, client: HttpClient, key: _PoolKey, proto: _Protocol, read_s: float) -> None:
+        self._client = client
+        self._key = key
+        self._proto = proto
+        self._read_s = read_s
+        self.status = proto.status
+        self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(
+            CIMultiDict((n.decode("latin-1"), v.decode("latin-1")) for n, v in proto.raw_headers)
+        )
+        encoding = self.headers.get("content-encoding", "").lower()
+        self._decoder = _Decoder(encoding) if encoding in ("gzip", "deflate") else None
+        self._done = False
+
+    async def _next(self) -> bytes | None:
+        """The next bytes of the body, or None at its end."""
+        proto = self._proto
+        while not proto.chunks:
+            if proto.complete:
+                return None
+            await proto.wait(self._read_s)
+        data = proto.take()
+        return self._decoder.feed(data) if self._decoder is not None else data
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        while (data := await self._next()) is not None:
+            if data:
+                yield data
+        if self._decoder is not None and (rest := self._decoder.flush()):
+            yield rest
+
+    async def read(self) -> bytes:
+        parts = [chunk async for chunk in self.iter_chunks()]
+        self.release()
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def release(self) -> None:
+        """Give the connection back to the pool if the answer was read whole, else close it."""
+        if self._done:
+            return
+        self._done = True
+        if self._proto.reusable():
+            self._client._put_back(self._key, self._proto)
+        else:
+            self._proto.close()
+
+    def close(self) -> None:
+        """Close the connection (an upstream stops generating when its caller goes)."""
+        if not self._done:
+            self._done = True
+            self._proto.close()
+
+
+_PoolKey = tuple[str, str, int]  # scheme, host, port
+
+
 class HttpClient:
-    """A pooled aiohttp session; created inside the running event loop."""
+    """Pooled keep-alive connections to the upstreams; created inside the running event loop."""
 
     def __init__(self, timeouts: Timeouts) -> None:
         self._timeouts = timeouts
-        self._session: aiohttp.ClientSession | None = None
+        self._idle: dict[_PoolKey, list[_Protocol]] = {}
+        self._ssl: ssl.SSLContext | None = None
+        self._closed = False
 
-    def _open(self) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(
-            limit=0, keepalive_timeout=POOL_IDLE_TIMEOUT_S, enable_cleanup_closed=False
-        )
-        timeout = aiohttp.ClientTimeout(
-            total=None, connect=self._timeouts.connect_s, sock_read=self._timeouts.read_s
-        )
-        return aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=True, trust_env=False
-        )
+    def _take_idle(self, key: _PoolKey) -> _Protocol | None:
+        idle = self._idle.get(key)
+        now = time.monotonic()
+        while idle:
+            proto = idle.pop()
+            if not proto.closed and now - proto.idle_since < POOL_IDLE_TIMEOUT_S:
+                return proto
+            proto.close()
+        return None
 
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = self._open()
-        return self._session
+    def _put_back(self, key: _PoolKey, proto: _Protocol) -> None:
+        if self._closed:
+            proto.close()
+            return
+        proto.idle_since = time.monotonic()
+        self._idle.setdefault(key, []).append(proto)
+
+    async def _connect(self, key: _PoolKey) -> _Protocol:
+        scheme, host, port = key
+        loop = asyncio.get_running_loop()
+        context: ssl.SSLContext | None = None
+        if scheme == "https":
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            context = self._ssl
+        try:
+            async with asyncio.timeout(self._timeouts.connect_s):
+                _, proto = await loop.create_connection(
+                    lambda: _Protocol(loop), host, port, ssl=context
+                )
+        except TimeoutError as exc:
+            raise UpstreamTimeout("the upstream did not answer in time") from exc
+        except OSError as exc:
+            raise UpstreamUnavailable(
+                f"cannot connect to the upstream: {exc}", retryable=True
+            ) from exc
+        return proto
 
     async def send(
         self,
@@ -63,55 +323,92 @@ class HttpClient:
         body: bytes | None = None,
         *,
         resend_safe: bool = False,
-    ) -> aiohttp.ClientResponse:
+    ) -> UpstreamResponse:
         """Send a request and return the response once its headers arrived.
 
         A connection the server closed before answering is replaced and the request
         resent, when ``resend_safe`` (the upstream takes an idempotency key, or it is a GET).
         """
+        key, request = _request_bytes(method, url, headers, body)
         tries = STALE_CONNECTION_TRIES if resend_safe else 1
         for attempt in range(1, tries + 1):
+            proto = self._take_idle(key) or await self._connect(key)
             try:
-                return await self.session.request(method, url, headers=headers, data=body)
-            except aiohttp.ClientConnectorError as exc:
-                raise UpstreamUnavailable(
-                    f"cannot connect to the upstream: {exc.os_error}", retryable=True
-                ) from exc
-            except _STALE_ERRORS as exc:
+                proto.start(request)
+                while not proto.headers_done:
+                    await proto.wait(self._timeouts.read_s)
+            except _Stale as exc:
+                proto.close()
                 if attempt == tries:
                     raise UpstreamUnavailable(
                         f"the upstream closed the connection: {exc}", retryable=True
                     ) from exc
+                continue
             except TimeoutError as exc:
+                proto.close()
                 raise UpstreamTimeout("the upstream did not answer in time") from exc
-            except aiohttp.ClientError as exc:
+            except _Cut as exc:
+                proto.close()
                 raise UpstreamUnavailable(
                     f"the upstream could not be reached: {exc}", retryable=True
                 ) from exc
+            except BaseException:
+                proto.close()  # cancelled mid-exchange: the connection is in an unknown state
+                raise
+            return UpstreamResponse(self, key, proto, self._timeouts.read_s)
         raise AssertionError("unreachable")
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self._closed = True
+        for idle in self._idle.values():
+            for proto in idle:
+                proto.close()
+        self._idle.clear()
 
 
-async def read_body(resp: aiohttp.ClientResponse) -> bytes:
+def _request_bytes(
+    method: str, url: str, headers: dict[str, str], body: bytes | None
+) -> tuple[_PoolKey, bytes]:
+    parts = urlsplit(url)
+    scheme = parts.scheme or "http"
+    host = parts.hostname or ""
+    port = parts.port or (443 if scheme == "https" else 80)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    default_port = (scheme == "https" and port == 443) or (scheme == "http" and port == 80)
+    host_header = host if default_port else f"{host}:{port}"
+    if ":" in host and not host.startswith("["):
+        host_header = f"[{host}]" if default_port else f"[{host}]:{port}"
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host_header}"]
+    given = {k.lower() for k in headers}
+    if "user-agent" not in given:
+        lines.append(f"User-Agent: {_USER_AGENT}")
+    if "accept" not in given:
+        lines.append("Accept: */*")
+    lines.extend(f"{k}: {v}" for k, v in headers.items())
+    if body is not None or method in ("POST", "PUT", "PATCH"):
+        lines.append(f"Content-Length: {len(body or b'')}")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return (scheme, host, port), head + body if body else head
+
+
+async def read_body(resp: UpstreamResponse) -> bytes:
     """The whole body; a body cut short is a broken answer."""
     try:
         return await resp.read()
     except TimeoutError as exc:
+        resp.close()
         raise StreamBroken("the upstream stopped sending its answer (timeout)") from exc
-    except aiohttp.ClientError as exc:
+    except (_Cut, _Stale, zlib.error) as exc:
+        resp.close()
         raise StreamBroken(f"the upstream's answer was cut short: {exc}") from exc
 
 
-async def iter_body(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+async def iter_body(resp: UpstreamResponse) -> AsyncIterator[bytes]:
     """The body as it arrives; a connection lost mid-way is a broken stream."""
     try:
-        async for chunk in resp.content.iter_any():
+        async for chunk in resp.iter_chunks():
             yield chunk
     except TimeoutError as exc:
         raise StreamBroken("no data from the upstream within the read timeout") from exc
-    except (aiohttp.ClientError, asyncio.IncompleteReadError) as exc:
+    except (_Cut, _Stale, zlib.error) as exc:
         raise StreamBroken(f"the upstream stream broke: {exc}") from exc
