@@ -2,8 +2,12 @@
 
 Raw asyncio protocol on uvloop with httptools parsing, so that its own cost per
 request stays far below any target's (the direct lane shows its ceiling). Every
-answer is built once at start; a streamed answer writes each SSE event with its
-own ``write`` so that it leaves as its own segment, as a model's tokens do.
+answer is built once at start. A streamed answer writes its head and first event
+at once, then the other events in bursts of ``STREAM_BURST``, each burst its own
+``write`` and segment. One write per event made the fake itself hold its core
+for about 3 ms per stream on a VM where every send to the other core is an
+interrupt, and the load generator on that core could not see a target's first
+chunk until the fake was done: the target's time to first chunk became the fake's.
 
 Run: ``python -m bench.overhead.fake_upstream --port N``; prints ``ready PORT``.
 """
@@ -22,6 +26,7 @@ import uvloop
 
 from bench.overhead import payloads
 
+STREAM_BURST = 10  # events per write after the first
 _STREAM_FLAG = re.compile(rb'"stream"\s*:\s*true')
 
 
@@ -33,13 +38,16 @@ def _json_response(body: bytes, status: bytes = b"200 OK") -> bytes:
 
 
 def _chunked_stream(events: list[bytes]) -> list[bytes]:
-    """Head and first event in one write, then one write per event, then the last chunk."""
+    """Head and first event in one write, then bursts of events, the last with the end."""
     framed = [b"%x\r\n%b\r\n" % (len(e), e) for e in events]
     head = (
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
         b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
     )
-    return [head + framed[0], *framed[1:-1], framed[-1] + b"0\r\n\r\n"]
+    rest = framed[1:]
+    bursts = [b"".join(rest[i : i + STREAM_BURST]) for i in range(0, len(rest), STREAM_BURST)]
+    bursts[-1] += b"0\r\n\r\n"
+    return [head + framed[0], *bursts]
 
 
 OPENAI_JSON = _json_response(payloads.openai_json())
