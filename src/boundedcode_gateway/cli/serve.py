@@ -59,6 +59,9 @@ def run_serve(config: GatewayConfig, host: str, port: int) -> int:
             http="httptools",
             lifespan="on",
             access_log=False,
+            # the gateway never reads the caller's address: no X-Forwarded-* rewriting
+            # middleware on every request
+            proxy_headers=False,
             log_level="info",
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )

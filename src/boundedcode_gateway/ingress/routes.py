@@ -7,10 +7,8 @@ caller's disconnect cancels the call. It must not talk to upstreams itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 
@@ -34,8 +32,6 @@ from boundedcode_gateway.ingress.validate import (
 )
 from boundedcode_gateway.metering.meter import CallContext
 from boundedcode_gateway.service import GatewayService, JsonAnswer, StreamAnswer
-
-T = TypeVar("T")
 
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 TASK_HEADER = b"x-boundedcode-task"
@@ -186,21 +182,34 @@ class Router:
     async def _answer(
         self, receive: Receive, send: Send, ctx: CallContext, body: dict[str, Any]
     ) -> None:
+        """Answer in a task of its own, cancelled if the caller goes away first.
+
+        One task for the whole answer and a done-callback on the watcher, rather than
+        a task per phase and an ``asyncio.wait``: this runs for every request.
+        """
+        work = asyncio.ensure_future(self._respond(send, ctx, body))
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        # cancelling a finished answer is a no-op, so the callback may fire late
+        watcher.add_done_callback(lambda _: work.cancel())
         try:
-            answer = await _unless_disconnected(self.service.chat(ctx, body), watcher)
-            if answer is None:
-                return
-            if isinstance(answer, JsonAnswer):
-                await send_json(send, answer.status, answer.body)
-            else:
-                try:
-                    await _unless_disconnected(_relay(send, answer), watcher)
-                finally:
-                    # a relay cancelled before it ran still owes its record
-                    answer.relay.close(cancelled=True)
+            await work
+        except (asyncio.CancelledError, GatewayError):
+            if not watcher.done() or watcher.cancelled():
+                raise  # not the caller leaving: shutdown, or an error to answer with
+            # the caller left: the call is recorded, there is no one to answer
         finally:
             watcher.cancel()
+
+    async def _respond(self, send: Send, ctx: CallContext, body: dict[str, Any]) -> None:
+        answer = await self.service.chat(ctx, body)
+        if isinstance(answer, JsonAnswer):
+            await send_json(send, answer.status, answer.body)
+            return
+        try:
+            await _relay(send, answer)
+        finally:
+            # a relay cancelled before it ran still owes its record
+            answer.relay.close(cancelled=True)
 
 
 async def _wait_disconnect(receive: Receive) -> None:
@@ -208,21 +217,6 @@ async def _wait_disconnect(receive: Receive) -> None:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
-
-
-async def _unless_disconnected(
-    work: Coroutine[Any, Any, T], watcher: asyncio.Future[None]
-) -> T | None:
-    """Run ``work``; cancel it if the caller goes away first (the call is still recorded)."""
-    task = asyncio.ensure_future(work)
-    pending: set[asyncio.Future[Any]] = {task, watcher}
-    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, GatewayError):
-        await task
-    return None
 
 
 async def _relay(send: Send, answer: StreamAnswer) -> None:
