@@ -20,7 +20,13 @@ ReasoningHistory = Literal["auto", "keep", "drop"]
 
 DEFAULT_BASE_URLS: dict[str, str] = {
     "openai": "https://api.openai.com/v1",
+    "anthropic": "https://api.anthropic.com/v1",
+    "gemini": "https://generativelanguage.googleapis.com/v1beta",
 }
+# the providers whose own API the gateway translates to (not OpenAI-shaped)
+NATIVE_PROVIDERS = ("anthropic", "gemini")
+ThinkingMode = Literal["enabled", "adaptive", "off"]
+ThinkingLevel = Literal["minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 class _Strict(BaseModel):
@@ -59,6 +65,17 @@ class RetrySettings(_Strict):
     max_total_s: float = Field(default=60.0, gt=0)
 
 
+class ThinkingSettings(_Strict):
+    """``thinking:`` of an Anthropic or Gemini profile: how the model reasons unless the caller
+    sends ``reasoning_effort``."""
+
+    mode: ThinkingMode = "enabled"
+    # Anthropic's budget_tokens (manual mode), Gemini's thinkingBudget
+    budget_tokens: int | None = Field(default=None, ge=-1)
+    # Anthropic's output_config.effort (adaptive mode), Gemini 3's thinkingLevel
+    level: ThinkingLevel | None = None
+
+
 class ModelProfile(_Strict):
     """One entry under ``models:``: where a model name is sent and how."""
 
@@ -71,9 +88,17 @@ class ModelProfile(_Strict):
     api_key_env: str | None = None
     reasoning_history: ReasoningHistory | None = None
     retry: RetrySettings = RetrySettings()
+    thinking: ThinkingSettings | None = None
+    # the answer's token limit when the caller sets none (Anthropic requires one)
+    max_tokens: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _check_provider_keys(self) -> ModelProfile:
+        if self.provider not in NATIVE_PROVIDERS and (self.thinking or self.max_tokens):
+            raise ValueError(
+                f"'thinking' and 'max_tokens' are only for providers 'anthropic' and 'gemini', "
+                f"not {self.provider!r}"
+            )
         if self.provider == "local":
             self._check_local()
         elif self.external_url or self.model_path or self.server:

@@ -144,6 +144,7 @@ class GatewayService:
             prepared = upstream.prepare(
                 body, options, caps, ctx.call_id, task_reasoning, send_schema=with_schema
             )
+            record.adjustments.update(prepared.adjustments)
             attempts = Attempts(self._http, upstream, prepared, record)
             return self._answer(meter, upstream, attempts, options, on_answer)
 

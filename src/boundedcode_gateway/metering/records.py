@@ -43,6 +43,9 @@ class CallRecord:
     schema_valid: bool | None = None
     # call log only: each attempt's {"status", "code"}, in order
     attempt_log: list[dict[str, Any]] = field(default_factory=list)
+    # call log only: what the adapter changed in the request on its own account
+    # (a placeholder thought signature, a forced tool choice relaxed, reasoning replayed)
+    adjustments: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,4 +53,5 @@ class CallRecord:
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CallRecord))
 # the ledger keeps each call's final outcome; the per-attempt detail is in the call log
-LEDGER_FIELDS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f != "attempt_log")
+CALL_LOG_ONLY = frozenset({"attempt_log", "adjustments"})
+LEDGER_FIELDS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f not in CALL_LOG_ONLY)

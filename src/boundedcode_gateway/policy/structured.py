@@ -95,6 +95,23 @@ def strict_schema(schema: Any) -> Any:
     return out
 
 
+def closed_schema(schema: Any) -> Any:
+    """The schema with every object that lists its properties forbidding others, unless it
+    says otherwise (Anthropic's structured outputs want objects closed)."""
+    if isinstance(schema, list):
+        return [closed_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed_schema(v) if k in ("items", *_COMBINATORS) else v for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict):
+        out["properties"] = {n: closed_schema(s) for n, s in schema["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    for key in _DEFINITIONS:
+        if isinstance(schema.get(key), dict):
+            out[key] = {n: closed_schema(s) for n, s in schema[key].items()}
+    return out
+
+
 def is_schema_rejection(status: int, message: str) -> bool:
     """Whether an upstream's 400 refuses the schema (so the call can go without it)."""
     return status == 400 and any(p.search(message) for p in SCHEMA_REJECTION_PATTERNS)

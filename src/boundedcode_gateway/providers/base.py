@@ -97,6 +97,8 @@ class PreparedRequest:
     # a resend on a fresh connection cannot do the work twice (idempotency key)
     resend_safe: bool = False
     secrets: tuple[str, ...] = field(default=())
+    # what the adapter changed on its own account, for the call log (``adjustments``)
+    adjustments: dict[str, Any] = field(default_factory=dict)
 
 
 class StreamTranslator(Protocol):

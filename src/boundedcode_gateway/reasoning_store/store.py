@@ -24,7 +24,13 @@ import orjson
 log = logging.getLogger(__name__)
 
 # kind of reasoning → its file in the task folder
-FILES = {"reasoning_content": "local-replay.jsonl"}
+FILES = {
+    "reasoning_content": "local-replay.jsonl",
+    # Anthropic's thinking and redacted_thinking blocks, byte for byte
+    "anthropic_thinking": "anthropic-thinking.jsonl",
+    # Gemini's thought signatures, with the part each one rides on
+    "gemini_signature": "gemini-signatures.jsonl",
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,14 +11,7 @@ from typing import Any
 
 import orjson
 
-from boundedcode_gateway.errors import (
-    ContextLengthExceeded,
-    GatewayError,
-    MalformedResponse,
-    UpstreamFailure,
-    redact,
-)
-from boundedcode_gateway.policy.context_overflow import is_context_overflow
+from boundedcode_gateway.errors import GatewayError, MalformedResponse
 from boundedcode_gateway.policy.reasoning import (
     REASONING_FIELD,
     REASONING_KIND,
@@ -29,15 +22,8 @@ from boundedcode_gateway.policy.reasoning import (
 from boundedcode_gateway.policy.structured import RequestedSchema, requested_schema, strict_schema
 from boundedcode_gateway.providers.base import CallMetrics, CapturedReasoning, RequestOptions
 from boundedcode_gateway.providers.openai_compat.profiles import Dialect
+from boundedcode_gateway.providers.upstream_errors import upstream_error
 from boundedcode_gateway.reasoning_store.keys import text_of, tool_call_ids
-
-_TYPE_BY_STATUS = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    429: "rate_limit_error",
-}
 
 
 def _named_tool_to_required(out: dict[str, Any]) -> None:
@@ -282,18 +268,11 @@ def _error_fields(raw: bytes) -> tuple[str, str | None, Any, str | None]:
 def error_from_openai_compat(status: int, raw: bytes, secrets: tuple[str, ...]) -> GatewayError:
     """The gateway error for an upstream error answer, in OpenAI's shape."""
     message, error_type, code, param = _error_fields(raw)
-    message = redact(message, secrets)
-    if is_context_overflow(message, error_type, code):
-        return ContextLengthExceeded(message, param="messages")
     if not isinstance(code, str):
         # llama.cpp puts the HTTP status in "code"; OpenAI's codes are strings
         code = "upstream_unavailable" if status == 503 else None
-    return UpstreamFailure(
-        message,
-        status=status,
-        error_type=error_type or _TYPE_BY_STATUS.get(status, "upstream_error"),
-        code=code,
-        param=param,
+    return upstream_error(
+        status, message, error_type=error_type, code=code, param=param, secrets=secrets
     )
 
 

@@ -1,0 +1,1 @@
+"""Anthropic's Messages API: translation both ways, streaming, thinking blocks replayed."""

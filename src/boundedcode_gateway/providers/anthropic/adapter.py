@@ -1,0 +1,161 @@
+"""The adapter for Anthropic's Messages API: the HTTP edge around the pure translation.
+
+Thinking blocks this profile's model wrote come back from the task's store
+into each request; blocks of another profile or provider never do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from boundedcode_gateway.config import GatewayConfig, ModelProfile
+from boundedcode_gateway.errors import GatewayError, MissingApiKey
+from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
+from boundedcode_gateway.policy.structured import requested_schema
+from boundedcode_gateway.providers.anthropic.request import (
+    AnthropicTarget,
+    ThinkingBlocks,
+    to_anthropic_request,
+)
+from boundedcode_gateway.providers.anthropic.response import (
+    THINKING_KIND,
+    error_from_anthropic,
+    from_anthropic_response,
+)
+from boundedcode_gateway.providers.anthropic.stream import AnthropicStreamTranslator
+from boundedcode_gateway.providers.base import (
+    CallMetrics,
+    Capabilities,
+    PreparedRequest,
+    RequestOptions,
+    StreamTranslator,
+)
+from boundedcode_gateway.providers.http import HttpClient
+from boundedcode_gateway.reasoning_store.store import TaskReasoning
+
+ANTHROPIC_VERSION = "2023-06-01"
+# Anthropic's SDK resends these; 529 is its overload. A spent budget (429) is final.
+ANTHROPIC_RETRY = RetryRules(
+    statuses=frozenset({408, 409, 429, 500, 502, 503, 504, 529}),
+    max_attempts=4,
+    never_codes=frozenset({"enforced_spend_limit_reached"}),
+)
+ANTHROPIC_CAPABILITIES = Capabilities(
+    streaming=True,
+    reasoning_back=True,
+    structured_output=True,
+    prompt_progress=False,
+    source="documentation",
+)
+
+
+def stored_blocks(data: Any) -> ThinkingBlocks | None:
+    """The store's ``[[position, block], ...]`` as the translation takes it."""
+    if not isinstance(data, list):
+        return None
+    out: ThinkingBlocks = []
+    for item in data:
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[1], dict):
+            out.append((int(item[0]), item[1]))
+    return out or None
+
+
+class AnthropicUpstream:
+    """One model profile served by Anthropic (or a server that speaks its Messages API)."""
+
+    def __init__(self, name: str, profile: ModelProfile, config: GatewayConfig, http: HttpClient):
+        self.name = name
+        self.provider: str = profile.provider
+        self.upstream_model = profile.model or name
+        self._profile = profile
+        self._target = AnthropicTarget(self.upstream_model, profile.max_tokens, profile.thinking)
+        self._url = profile.upstream_base_url + "/messages"
+        self._budget = RetryBudget(profile.retry.max_attempts, profile.retry.max_total_s)
+
+    @property
+    def retry_rules(self) -> RetryRules:
+        return ANTHROPIC_RETRY
+
+    @property
+    def retry_budget(self) -> RetryBudget:
+        return self._budget
+
+    @property
+    def schema_form(self) -> str:
+        return "output_config.format"
+
+    async def start(self) -> None:
+        return None
+
+    async def capabilities(self) -> Capabilities:
+        return ANTHROPIC_CAPABILITIES
+
+    def _key(self) -> str:
+        key = self._profile.api_key()
+        if key is None:
+            raise MissingApiKey(
+                f"model '{self.name}' needs the environment variable "
+                f"{self._profile.api_key_env}, which is not set"
+            )
+        return key
+
+    def _secrets(self) -> tuple[str, ...]:
+        key = self._profile.api_key()
+        return (key,) if key else ()
+
+    def prepare(
+        self,
+        body: dict[str, Any],
+        options: RequestOptions,
+        caps: Capabilities,
+        call_id: str,
+        reasoning: TaskReasoning,
+        send_schema: bool,
+    ) -> PreparedRequest:
+        """The Messages API request, with this profile's earlier thinking put back."""
+
+        def lookup(keys: Sequence[str]) -> ThinkingBlocks | None:
+            item = reasoning.find(THINKING_KIND, keys)
+            if item is None or item.profile != self.name or item.provider != self.provider:
+                return None
+            return stored_blocks(item.data)
+
+        translated = to_anthropic_request(
+            body,
+            self._target,
+            stream=options.stream,
+            lookup=lookup,
+            schema=requested_schema(body) if send_schema else None,
+        )
+        headers = {
+            "content-type": "application/json",
+            "x-api-key": self._key(),
+            "anthropic-version": ANTHROPIC_VERSION,
+        }
+        if options.stream:
+            headers["accept"] = "text/event-stream"
+        return PreparedRequest(
+            url=self._url,
+            headers=headers,
+            body=orjson.dumps(translated.body),
+            stream=options.stream,
+            secrets=self._secrets(),
+            adjustments=translated.adjustments,
+        )
+
+    def stream_translator(self, options: RequestOptions) -> StreamTranslator:
+        return AnthropicStreamTranslator(options, self._secrets())
+
+    def from_response(self, raw: bytes, metrics: CallMetrics, options: RequestOptions) -> bytes:
+        return from_anthropic_response(raw, metrics, options.capture_content)
+
+    def error_from_response(
+        self, status: int, raw: bytes, headers: Mapping[str, str]
+    ) -> GatewayError:
+        return error_from_anthropic(status, raw, self._secrets())
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,213 @@
+"""OpenAI's chat-completions shapes, read and written for the adapters that translate (pure).
+
+The Anthropic and Gemini adapters read the caller's request through these
+helpers and build the caller's answer (a completion, or stream chunks with one
+stable id) through them, so both speak exactly the same OpenAI on the way out.
+"""
+
+from __future__ import annotations
+
+import binascii
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from boundedcode_gateway.errors import InvalidRequest
+from boundedcode_gateway.providers.base import CallMetrics
+
+SYSTEM_ROLES = ("system", "developer")
+
+
+@dataclass(frozen=True, slots=True)
+class DataUrl:
+    """An inline ``data:`` URL of an image: its media type and base64 payload."""
+
+    media_type: str
+    data: str
+
+
+def parse_data_url(url: str) -> DataUrl | None:
+    """``data:image/png;base64,AAAA`` → its parts; None for any other URL."""
+    if not url.startswith("data:"):
+        return None
+    head, sep, data = url[5:].partition(",")
+    if not sep or not head.endswith(";base64"):
+        return None
+    try:
+        binascii.a2b_base64(data[:64] + "=" * (-len(data[:64]) % 4))
+    except binascii.Error:
+        return None
+    return DataUrl(head.removesuffix(";base64") or "application/octet-stream", data)
+
+
+def content_parts(content: Any) -> list[dict[str, Any]]:
+    """A message's content as a list of OpenAI parts (a string is one text part)."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    if isinstance(content, list):
+        return [p for p in content if isinstance(p, dict)]
+    return []
+
+
+def system_text(messages: list[Any]) -> str:
+    """The text of every system and developer message, in order, one paragraph each."""
+    texts = []
+    for msg in messages:
+        if isinstance(msg, dict) and msg.get("role") in SYSTEM_ROLES:
+            text = "".join(
+                p.get("text", "") for p in content_parts(msg.get("content")) if "text" in p
+            )
+            if text:
+                texts.append(text)
+    return "\n\n".join(texts)
+
+
+def arguments_object(arguments: Any, where: str) -> dict[str, Any]:
+    """A tool call's ``arguments`` (a JSON string) as the object the native APIs want."""
+    if isinstance(arguments, dict):
+        return arguments
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+        return {}
+    try:
+        value = orjson.loads(arguments)
+    except (orjson.JSONDecodeError, TypeError):
+        raise InvalidRequest(
+            f"{where}: the tool call's arguments are not valid JSON", param="messages"
+        ) from None
+    if not isinstance(value, dict):
+        raise InvalidRequest(
+            f"{where}: the tool call's arguments must be a JSON object", param="messages"
+        )
+    return value
+
+
+def tool_names_by_id(messages: list[Any]) -> dict[str, str]:
+    """The function name of every tool call in the history, by its id."""
+    names: dict[str, str] = {}
+    for msg in messages:
+        if not isinstance(msg, dict) or msg.get("role") != "assistant":
+            continue
+        for call in msg.get("tool_calls") or ():
+            if isinstance(call, dict) and isinstance(call.get("id"), str):
+                function = call.get("function") or {}
+                names[call["id"]] = str(function.get("name", ""))
+    return names
+
+
+def max_output_tokens(body: dict[str, Any]) -> int | None:
+    """The caller's limit on the answer: ``max_completion_tokens``, else ``max_tokens``."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def stop_sequences(stop: Any) -> list[str]:
+    """OpenAI's ``stop`` (a string or a list) as a list."""
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, list):
+        return [s for s in stop if isinstance(s, str) and s]
+    return []
+
+
+def function_tools(body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The ``function`` object of each function tool the caller offers."""
+    for tool in body.get("tools") or ():
+        if isinstance(tool, dict) and tool.get("type", "function") == "function":
+            function = tool.get("function")
+            if isinstance(function, dict) and isinstance(function.get("name"), str):
+                yield function
+
+
+def usage_object(metrics: CallMetrics) -> dict[str, Any]:
+    """OpenAI's ``usage`` from normalised metrics."""
+    prompt = metrics.prompt_tokens or 0
+    completion = metrics.completion_tokens or 0
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": metrics.cached_tokens or 0},
+    }
+    if metrics.reasoning_tokens is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": metrics.reasoning_tokens}
+    return usage
+
+
+def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """One entry of ``message.tool_calls``."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+@dataclass(slots=True)
+class AnswerMessage:
+    """A whole answer as the caller sees it, built up from a provider's blocks or parts."""
+
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+    def to_message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.reasoning is not None:
+            message["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        return message
+
+
+def completion_body(
+    completion_id: str, model: str, message: AnswerMessage, finish: str, metrics: CallMetrics
+) -> bytes:
+    """A non-streamed ``chat.completion``."""
+    return orjson.dumps(
+        {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message.to_message(),
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+            ],
+            "usage": usage_object(metrics),
+        }
+    )
+
+
+class ChunkWriter:
+    """Writes ``chat.completion.chunk`` payloads of one answer: one id, one ``created``."""
+
+    __slots__ = ("_head", "_role_sent")
+
+    def __init__(self, completion_id: str, model: str) -> None:
+        self._head = (
+            b'{"id":'
+            + orjson.dumps(completion_id)
+            + b',"object":"chat.completion.chunk","created":'
+            + str(int(time.time())).encode()
+            + b',"model":'
+            + orjson.dumps(model)
+        )
+        self._role_sent = False
+
+    def delta(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        """A chunk with one choice; the first carries the assistant role."""
+        if not self._role_sent:
+            delta = {"role": "assistant", **delta}
+            self._role_sent = True
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return self._head + b',"choices":[' + orjson.dumps(choice) + b"]}"
+
+    def usage(self, metrics: CallMetrics) -> bytes:
+        """The closing usage chunk (``stream_options.include_usage``): no choices."""
+        return self._head + b',"choices":[],"usage":' + orjson.dumps(usage_object(metrics)) + b"}"

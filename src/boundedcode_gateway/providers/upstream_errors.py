@@ -1,0 +1,41 @@
+"""An upstream's error, once its adapter has read the fields, as the gateway's error (pure).
+
+Every adapter reads its provider's error body its own way and ends here, so
+context overflow, OpenAI's error types and secret redaction are decided once.
+"""
+
+from __future__ import annotations
+
+from boundedcode_gateway.errors import ContextLengthExceeded, GatewayError, UpstreamFailure, redact
+from boundedcode_gateway.policy.context_overflow import is_context_overflow
+
+# OpenAI's error type for an upstream status, when the upstream names none we keep
+TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+
+
+def upstream_error(
+    status: int,
+    message: str,
+    *,
+    error_type: str | None,
+    code: str | None,
+    param: str | None = None,
+    secrets: tuple[str, ...] = (),
+) -> GatewayError:
+    """The gateway error for an upstream's error answer, in OpenAI's shape."""
+    message = redact(message, secrets)
+    if is_context_overflow(message, error_type, code):
+        return ContextLengthExceeded(message, param="messages")
+    return UpstreamFailure(
+        message,
+        status=status,
+        error_type=error_type or TYPE_BY_STATUS.get(status, "upstream_error"),
+        code=code,
+        param=param,
+    )
