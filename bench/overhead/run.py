@@ -134,7 +134,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     if unknown:
         print(f"unknown targets: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    seconds = 0.4 if opts.smoke else opts.seconds
+    seconds = 0.3 if opts.smoke else opts.seconds
     rounds = 1 if opts.smoke else opts.rounds
     lanes = full_lanes(seconds)
     if opts.lanes:
@@ -191,7 +191,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     ]
     print("\n".join(header))
     print(table.render(results, measured, lane_notes, [lane.key for lane in lanes]))
-    if any(p in measured for p in PEERS):
+    goal_lanes = {g.lane for g in table.GOALS}
+    if any(p in measured for p in PEERS) and goal_lanes & {lane.key for lane in lanes}:
         print()
         print(table.render_goals(results, [lane.key for lane in lanes]))
     if opts.json:
