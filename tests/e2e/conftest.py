@@ -15,6 +15,7 @@ import yaml
 
 from boundedcode_gateway.app import GatewayApp, create_app
 from boundedcode_gateway.config import parse_config
+from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
 from boundedcode_gateway.metering.calllog import read_calls
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fakes.openai_api import FakeOpenAI
@@ -122,7 +123,8 @@ def start_gateway(tmp_path: Path) -> Iterator[GatewayFactory]:
         data_dir = tmp_path / f"gw{len(running)}"
         text = yaml.safe_dump({"data_dir": str(data_dir), **settings, "models": models})
         app = create_app(parse_config(text))
-        server = serve_in_thread(app, lifespan="on")
+        # the HTTP protocol `boundedcode-gateway serve` runs
+        server = serve_in_thread(app, lifespan="on", http=GatheringHttpToolsProtocol)
         gw = Gateway(app, server, data_dir)
         running.append(gw)
         return gw

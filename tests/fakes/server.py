@@ -91,6 +91,7 @@ def serve_in_thread(
     timeout_keep_alive: int = 5,
     startup_timeout: float = 10.0,
     lifespan: str = "off",
+    http: Any = "httptools",
 ) -> RunningServer:
     """Start `app` on 127.0.0.1:<free port> in a daemon thread and return once it listens.
 
@@ -102,7 +103,7 @@ def serve_in_thread(
         host=_HOST,
         port=0,
         loop="asyncio",
-        http="httptools",
+        http=http,
         lifespan=lifespan,
         interface="asgi3",  # bound methods are not detected as ASGI3 by uvicorn's sniffing
         log_level="warning",

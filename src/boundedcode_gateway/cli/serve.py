@@ -11,6 +11,7 @@ import uvicorn
 
 from boundedcode_gateway.app import create_app
 from boundedcode_gateway.config import GatewayConfig
+from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8780
@@ -56,7 +57,8 @@ def run_serve(config: GatewayConfig, host: str, port: int) -> int:
             host=host,
             port=port,
             loop=_loop(),
-            http="httptools",
+            # uvicorn's httptools protocol, its writes gathered per loop turn
+            http=GatheringHttpToolsProtocol,
             lifespan="on",
             access_log=False,
             # the gateway never reads the caller's address: no X-Forwarded-* rewriting
