@@ -8,6 +8,7 @@ Whatever was started is stopped by PID in a ``finally``, whatever failed.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import platform
 import shutil
@@ -22,7 +23,7 @@ from pathlib import Path
 import orjson
 import uvloop
 
-from bench.overhead import procs, table
+from bench.overhead import procs, profile, table
 from bench.overhead.http_client import build_request
 from bench.overhead.lanes import Lane, body_for, check_for, full_lanes
 from bench.overhead.loadgen import run_load
@@ -41,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--smoke", action="store_true", help="direct and gateway only, ~10 s in all")
     p.add_argument("--json", type=Path, help="also write every sample to this file")
     p.add_argument("--keep", action="store_true", help="keep the work folder (logs, configs)")
+    p.add_argument("--profile", metavar="LANE", help="then sample the gateway under LANE (py-spy)")
+    p.add_argument("--profile-target", default="gateway", help="the target --profile samples")
     return p
 
 
@@ -119,12 +122,56 @@ async def _rounds(
     return samples
 
 
+async def _profiled(lane: Lane, target: Running, work: Path, core: int | None) -> str:
+    """One more measurement of ``lane`` on ``target`` with py-spy sampling it."""
+    if target.proc is None:
+        return f"profile: {target.name} is not a process of its own"
+    raw = work / "profile.txt"
+    spy = profile.start(target.proc.pid, lane.max_seconds + 1.0, raw, core)
+    try:
+        await asyncio.sleep(0.5)  # py-spy attaches
+        await _measure(lane, target, 0)
+        await asyncio.to_thread(spy.wait, lane.max_seconds + 30)
+    finally:
+        if spy.poll() is None:
+            spy.kill()
+            spy.wait()
+    if not raw.exists():
+        return "profile: py-spy wrote nothing (is ptrace allowed here?)"
+    return f"profile of {target.name} under {lane.key}:\n" + profile.summary(raw)
+
+
 def _start_fake(work: Path, core: int | None) -> tuple[procs.Proc, int]:
     port = procs.free_port()
     argv = [sys.executable, "-m", "bench.overhead.fake_upstream", "--port", str(port)]
     proc = procs.start("fake", argv, core, work, cwd=BENCH_DIR.parent)
     procs.wait_listening(proc, port, 20)
     return proc, port
+
+
+def _start_targets(names: Sequence[str], env: Env, started: list[procs.Proc]) -> list[Running]:
+    """Start each target (a peer that cannot start is left out, with a note on stderr)."""
+    running: list[Running] = []
+    for name in names:
+        try:
+            target = STARTERS[name](env)
+        except (RuntimeError, FileNotFoundError) as exc:
+            if name not in PEERS:
+                raise
+            print(f"{name}: not measured: {exc}", file=sys.stderr)
+            continue
+        if target.proc is not None:
+            started.append(target.proc)
+        running.append(target)
+    return running
+
+
+def _lanes(opts: argparse.Namespace, seconds: float) -> list[Lane]:
+    lanes = full_lanes(seconds)
+    if opts.lanes:
+        wanted = set(opts.lanes.split(","))
+        lanes = [lane for lane in lanes if lane.key in wanted]
+    return lanes
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -136,37 +183,25 @@ def run(argv: Sequence[str] | None = None) -> int:
         return 2
     seconds = 0.3 if opts.smoke else opts.seconds
     rounds = 1 if opts.smoke else opts.rounds
-    lanes = full_lanes(seconds)
-    if opts.lanes:
-        wanted = set(opts.lanes.split(","))
-        lanes = [lane for lane in lanes if lane.key in wanted]
+    lanes = _lanes(opts, seconds)
 
     load_core, target_core = procs.cores()
     if load_core is not None:
         os.sched_setaffinity(0, {load_core})  # the load generator shares the fake's core
     work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
     started: list[procs.Proc] = []
-    running: list[Running] = []
-    notes: dict[str, dict[str, str]] = {}
+    profiled = ""
     load_before = procs.loadavg()
     began = time.monotonic()
     try:
         fake, fake_port = _start_fake(work, load_core)
         started.append(fake)
-        env = Env(fake_port, target_core, work)
-        for name in names:
-            try:
-                target = STARTERS[name](env)
-            except (RuntimeError, FileNotFoundError) as exc:
-                if name not in PEERS:
-                    raise
-                print(f"{name}: not measured: {exc}", file=sys.stderr)
-                continue
-            if target.proc is not None:
-                started.append(target.proc)
-            running.append(target)
-            notes[name] = dict(target.notes)
+        running = _start_targets(names, Env(fake_port, target_core, work), started)
         samples = uvloop.run(_rounds(lanes, running, rounds, log=not opts.smoke))
+        if opts.profile:
+            lane = next(x for x in full_lanes(seconds) if x.key == opts.profile)
+            target = next(t for t in running if t.name == opts.profile_target)
+            profiled = uvloop.run(_profiled(lane, target, work, load_core))
     finally:
         for proc in reversed(started):
             procs.stop(proc)
@@ -176,10 +211,11 @@ def run(argv: Sequence[str] | None = None) -> int:
 
     measured = [t.name for t in running]
     lane_notes = {
-        t: {lane.key: note for lane in lanes for kind, note in n.items() if lane.kind == kind}
-        for t, n in notes.items()
+        t.name: {
+            lane.key: note for lane in lanes for kind, note in t.notes.items() if lane.kind == kind
+        }
+        for t in running
     }
-    results = Results(samples)
     header = [
         f"overhead benchmark: {rounds} round(s) x {seconds:g} s per lane, medians over rounds;"
         f" {os.cpu_count()} cores ({_cpu_model()}); target on core {target_core},"
@@ -190,13 +226,22 @@ def run(argv: Sequence[str] | None = None) -> int:
         "",
     ]
     print("\n".join(header))
-    print(table.render(results, measured, lane_notes, [lane.key for lane in lanes]))
-    goal_lanes = {g.lane for g in table.GOALS}
-    if any(p in measured for p in PEERS) and goal_lanes & {lane.key for lane in lanes}:
+    _report(Results(samples), measured, lane_notes, [lane.key for lane in lanes])
+    if profiled:
         print()
-        print(table.render_goals(results, [lane.key for lane in lanes]))
+        print(profiled)
     if opts.json:
         opts.json.write_bytes(
             orjson.dumps([asdict(s) for s in samples], option=orjson.OPT_INDENT_2)
         )
     return 0
+
+
+def _report(
+    results: Results, measured: list[str], notes: dict[str, dict[str, str]], lanes: list[str]
+) -> None:
+    print(table.render(results, measured, notes, lanes))
+    goal_lanes = {g.lane for g in table.GOALS}
+    if any(p in measured for p in PEERS) and goal_lanes & set(lanes):
+        print()
+        print(table.render_goals(results, lanes))
