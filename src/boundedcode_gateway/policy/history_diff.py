@@ -7,7 +7,6 @@ Pure apart from that bounded in-memory table; it must not do I/O.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -17,14 +16,17 @@ import orjson
 GREW_ONLY = -1
 
 
-def message_digest(message: Any) -> bytes:
-    """A digest of one message's canonical JSON (sorted keys), so key order never counts."""
-    return hashlib.blake2b(
-        orjson.dumps(message, option=orjson.OPT_SORT_KEYS), digest_size=16
-    ).digest()
+def message_digest(message: Any) -> int:
+    """A digest of one message's canonical JSON (sorted keys), so key order never counts.
+
+    Python's own keyed 64-bit hash of those bytes: the table lives in this process
+    only, and two different messages at one index collide once in 2**64. blake2b
+    took three times as long as the JSON itself (about 0.2 ms for a 50 KB history).
+    """
+    return hash(orjson.dumps(message, option=orjson.OPT_SORT_KEYS))
 
 
-def first_changed(previous: Sequence[bytes], current: Sequence[bytes]) -> int:
+def first_changed(previous: Sequence[int], current: Sequence[int]) -> int:
     """Index of the first message that differs, or -1 when ``current`` only extends ``previous``.
 
     A message that the previous request had and this one lacks counts as changed,
@@ -40,7 +42,7 @@ class HistoryTracker:
     """Remembers the last request's message digests per (task, purpose); bounded LRU."""
 
     def __init__(self, max_keys: int = 4096) -> None:
-        self._last: OrderedDict[tuple[str, str], list[bytes]] = OrderedDict()
+        self._last: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
         self._max_keys = max_keys
 
     def observe(self, task: str, purpose: str, messages: Sequence[Any]) -> int:
