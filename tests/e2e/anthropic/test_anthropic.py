@@ -384,3 +384,21 @@ def test_streamed_and_whole_answers_agree(claude: Claude, start_gateway: Gateway
     ]
     assert getattr(whole, "reasoning_content", None) == "Two reads are needed."
     assert getattr(streamed, "reasoning_content", None) == "Two reads are needed."
+
+
+def test_a_model_that_refuses_sampling_gets_none_from_then_on(
+    claude: Claude, start_gateway: GatewayFactory
+) -> None:
+    claude.fake.sampling_params = False
+    gw = start_gateway(claude.profiles)
+    client = gw.client()
+    for _ in range(2):
+        out = client.chat.completions.create(
+            model="haiku", messages=[{"role": "user", "content": "hi"}], temperature=0.2, top_p=0.9
+        )
+        assert out.choices[0].message.content == "ok"
+    first, second = gw.calls()
+    assert [a["status"] for a in first["attempt_log"]] == [400, 200]
+    assert [a["status"] for a in second["attempt_log"]] == [200]
+    assert second["adjustments"] == {"sampling_dropped": ["temperature", "top_p"]}
+    assert "temperature" not in claude.fake.requests.bodies("/v1/messages")[-1]
