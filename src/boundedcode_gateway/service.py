@@ -16,6 +16,7 @@ from typing import Any
 from boundedcode_gateway.attempts import Attempts
 from boundedcode_gateway.errors import GatewayError, ModelNotFound, StreamBroken, UpstreamFailure
 from boundedcode_gateway.metering.meter import CallContext, Meter
+from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy import structured
 from boundedcode_gateway.policy.capabilities import check_request
@@ -140,7 +141,7 @@ class GatewayService:
                         "model %s: the reply does not match the schema it was sent", upstream.name
                     )
 
-        def send(with_schema: bool) -> Awaitable[JsonAnswer | StreamAnswer]:
+        def send_once(with_schema: bool) -> Awaitable[JsonAnswer | StreamAnswer]:
             prepared = upstream.prepare(
                 body, options, caps, ctx.call_id, task_reasoning, send_schema=with_schema
             )
@@ -148,8 +149,27 @@ class GatewayService:
             attempts = Attempts(self._http, upstream, prepared, record)
             return self._answer(meter, upstream, attempts, options, on_answer)
 
+        async def send(with_schema: bool) -> JsonAnswer | StreamAnswer:
+            try:
+                return await send_once(with_schema)
+            except UpstreamFailure as exc:
+                # the adapter may leave out what the model refused, and say so
+                if not upstream.learn_from_refusal(exc.http_status, exc.message):
+                    raise
+            return await send_once(with_schema)
+
         if schema is None:
             return await send(False)
+        return await self._send_with_schema(upstream, record, send)
+
+    async def _send_with_schema(
+        self,
+        upstream: Upstream,
+        record: CallRecord,
+        send: Callable[[bool], Awaitable[JsonAnswer | StreamAnswer]],
+    ) -> JsonAnswer | StreamAnswer:
+        """Send with the schema; a provider that refuses it gets the call once more without,
+        and is not sent one again."""
         if self.structured_output_refused(upstream):
             record.structured_output = structured.SKIPPED_KNOWN_REJECTION
             return await send(False)

@@ -50,6 +50,7 @@ from tests.fakes.common import (
 _PARAMS = TypeAdapter(MessageCreateParams)
 _MESSAGES = TypeAdapter(list[MessageParam])
 _KNOWN_KEYS = frozenset(get_type_hints(MessageCreateParamsBase)) | {"stream"}
+_SAMPLING_KEYS = frozenset({"temperature", "top_p", "top_k"})
 
 MISSING_THINKING = (
     "messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
@@ -209,11 +210,14 @@ class FakeAnthropic:
         context_window: int = 200_000,
         reject_schema: bool = False,
         tokens_per_delta: int = 1,
+        sampling_params: bool = True,
     ) -> None:
         self.api_key = api_key
         self.context_window = context_window
         self.reject_schema = reject_schema
         self.tokens_per_delta = tokens_per_delta
+        # False: the newer API, whose request types have no temperature, top_p or top_k
+        self.sampling_params = sampling_params
         self.requests = Recorder()
         self._replies: list[AnthropicReply] = []
         # signature → thinking text, and redacted data, this server issued
@@ -278,7 +282,8 @@ class FakeAnthropic:
         body = req.try_json()
         if not isinstance(body, dict):
             raise _invalid("The request body is not valid JSON.")
-        unknown = sorted(set(body) - _KNOWN_KEYS)
+        known = _KNOWN_KEYS if self.sampling_params else _KNOWN_KEYS - _SAMPLING_KEYS
+        unknown = sorted(set(body) - known)
         if unknown:
             raise _invalid(f"{unknown[0]}: Extra inputs are not permitted")
         try:

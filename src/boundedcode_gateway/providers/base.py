@@ -159,6 +159,11 @@ class Upstream(Protocol):
         """Translate an OpenAI request body into the provider's request."""
         ...
 
+    def learn_from_refusal(self, status: int, message: str) -> bool:
+        """Whether a refusal names something optional this adapter sent, now left out of
+        its later requests (the call is then sent once more)."""
+        ...
+
     def stream_translator(self, options: RequestOptions) -> StreamTranslator:
         """A fresh translator for one streamed answer."""
         ...

@@ -361,3 +361,44 @@ def test_a_missing_key_is_a_clear_error(claude: Claude, start_gateway: GatewayFa
         )
     assert "NO_SUCH_KEY_SET" in str(info.value)
     assert gw.calls()[0]["error_code"] == "missing_api_key"
+
+
+def test_streamed_and_whole_answers_agree(claude: Claude, start_gateway: GatewayFactory) -> None:
+    gw = start_gateway(claude.profiles)
+    client = gw.client(task="t-parity")
+    messages: list[Any] = [{"role": "user", "content": "read two"}]
+    reply = AnthropicReply(
+        text="Reading both, then I will sum them.",
+        thinking="Two reads are needed.",
+        tool_calls=[
+            {"name": "read_file", "input": {"path": "a b", "lines": [1, 2]}},
+            {"name": "read_file", "input": {}},
+        ],
+    )
+    claude.fake.queue(reply, reply)
+    whole = _ask(client, messages, stream=False).choices[0].message
+    streamed = _ask(client, messages, stream=True).choices[0].message
+    assert streamed.content == whole.content
+    assert [(c.function.name, orjson.loads(c.function.arguments)) for c in streamed.tool_calls] == [
+        (c.function.name, orjson.loads(c.function.arguments)) for c in whole.tool_calls
+    ]
+    assert getattr(whole, "reasoning_content", None) == "Two reads are needed."
+    assert getattr(streamed, "reasoning_content", None) == "Two reads are needed."
+
+
+def test_a_model_that_refuses_sampling_gets_none_from_then_on(
+    claude: Claude, start_gateway: GatewayFactory
+) -> None:
+    claude.fake.sampling_params = False
+    gw = start_gateway(claude.profiles)
+    client = gw.client()
+    for _ in range(2):
+        out = client.chat.completions.create(
+            model="haiku", messages=[{"role": "user", "content": "hi"}], temperature=0.2, top_p=0.9
+        )
+        assert out.choices[0].message.content == "ok"
+    first, second = gw.calls()
+    assert [a["status"] for a in first["attempt_log"]] == [400, 200]
+    assert [a["status"] for a in second["attempt_log"]] == [200]
+    assert second["adjustments"] == {"sampling_dropped": ["temperature", "top_p"]}
+    assert "temperature" not in claude.fake.requests.bodies("/v1/messages")[-1]

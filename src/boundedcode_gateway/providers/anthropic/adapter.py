@@ -6,6 +6,8 @@ into each request; blocks of another profile or provider never do.
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,7 +38,11 @@ from boundedcode_gateway.providers.base import (
 from boundedcode_gateway.providers.http import HttpClient
 from boundedcode_gateway.reasoning_store.store import TaskReasoning
 
+log = logging.getLogger(__name__)
+
 ANTHROPIC_VERSION = "2023-06-01"
+# newer models take no sampling parameters (the SDK's 1.x request types lost them)
+SAMPLING_REFUSAL = re.compile(r"\b(temperature|top_p|top_k)\b")
 # Anthropic's SDK resends these; 529 is its overload. A spent budget (429) is final.
 ANTHROPIC_RETRY = RetryRules(
     statuses=frozenset({408, 409, 429, 500, 502, 503, 504, 529}),
@@ -74,6 +80,8 @@ class AnthropicUpstream:
         self._target = AnthropicTarget(self.upstream_model, profile.max_tokens, profile.thinking)
         self._url = profile.upstream_base_url + "/messages"
         self._budget = RetryBudget(profile.retry.max_attempts, profile.retry.max_total_s)
+        # set once the model refused temperature / top_p: they are left out from then on
+        self._sampling_refused = False
 
     @property
     def retry_rules(self) -> RetryRules:
@@ -129,6 +137,7 @@ class AnthropicUpstream:
             stream=options.stream,
             lookup=lookup,
             schema=requested_schema(body) if send_schema else None,
+            sampling=not self._sampling_refused,
         )
         headers = {
             "content-type": "application/json",
@@ -145,6 +154,16 @@ class AnthropicUpstream:
             secrets=self._secrets(),
             adjustments=translated.adjustments,
         )
+
+    def learn_from_refusal(self, status: int, message: str) -> bool:
+        """A model that refuses sampling parameters gets none from now on."""
+        if status != 400 or self._sampling_refused or not SAMPLING_REFUSAL.search(message):
+            return False
+        self._sampling_refused = True
+        log.warning(
+            "model %s refuses sampling parameters; they are left out from now on", self.name
+        )
+        return True
 
     def stream_translator(self, options: RequestOptions) -> StreamTranslator:
         return AnthropicStreamTranslator(options, self._secrets())

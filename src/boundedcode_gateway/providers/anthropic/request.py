@@ -289,15 +289,14 @@ def _mark_cache(
 
 
 def _sampling(
-    body: dict[str, Any], out: dict[str, Any], thinking_on: bool, adjustments: dict[str, Any]
+    body: dict[str, Any], out: dict[str, Any], allowed: bool, adjustments: dict[str, Any]
 ) -> None:
     dropped = []
     for key in ("temperature", "top_p"):
         value = body.get(key)
         if value is None:
             continue
-        if thinking_on:
-            # Anthropic refuses changed sampling while the model thinks
+        if not allowed:
             dropped.append(key)
         else:
             out[key] = min(float(value), 1.0) if key == "temperature" else value
@@ -321,8 +320,10 @@ def to_anthropic_request(
     stream: bool,
     lookup: ThinkingLookup = no_thinking,
     schema: RequestedSchema | None = None,
+    sampling: bool = True,
 ) -> Translated:
-    """The Messages API body for an OpenAI chat-completions body."""
+    """The Messages API body for an OpenAI chat-completions body; ``sampling=False`` leaves
+    out temperature and top_p (a model that refuses them)."""
     _check_unsupported(body)
     adjustments: dict[str, Any] = {}
     messages: list[Any] = body["messages"]
@@ -351,7 +352,8 @@ def to_anthropic_request(
             out["tool_choice"] = choice
     if thinking is not None:
         out["thinking"] = thinking
-    _sampling(body, out, thinking is not None, adjustments)
+    # Anthropic refuses changed sampling while the model thinks
+    _sampling(body, out, sampling and thinking is None, adjustments)
     output_config: dict[str, Any] = {}
     if effort is not None:
         output_config["effort"] = effort

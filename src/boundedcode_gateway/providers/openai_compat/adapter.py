@@ -215,6 +215,9 @@ class OpenAICompatUpstream:
             secrets=self._secrets(),
         )
 
+    def learn_from_refusal(self, status: int, message: str) -> bool:
+        return False  # the caller's fields pass through: a refusal is the caller's to see
+
     def stream_translator(self, options: RequestOptions) -> StreamTranslator:
         return OpenAIStreamTranslator(options, self._secrets())
 
