@@ -96,7 +96,7 @@ def test_provider_without_adapter_stops_start_up(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "g.yaml"
-    path.write_text("models:\n  c:\n    provider: gemini\n    api_key_env: K\n")
+    path.write_text("models:\n  c:\n    provider: anthropic\n    api_key_env: K\n")
     from boundedcode_gateway.app import create_app
 
     with pytest.raises(ConfigError, match=r"models\.c\.provider"):

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from boundedcode_gateway.config import GatewayConfig, ModelProfile
 from boundedcode_gateway.errors import ConfigError
 from boundedcode_gateway.providers.base import Upstream
+from boundedcode_gateway.providers.gemini.adapter import GeminiUpstream
 from boundedcode_gateway.providers.http import HttpClient
 from boundedcode_gateway.providers.openai_compat.adapter import OpenAICompatUpstream
 
@@ -16,6 +17,7 @@ FACTORIES: dict[str, UpstreamFactory] = {
     "local": OpenAICompatUpstream,
     "openai": OpenAICompatUpstream,
     "openai-compatible": OpenAICompatUpstream,
+    "gemini": GeminiUpstream,
 }
 
 
