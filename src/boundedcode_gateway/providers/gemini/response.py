@@ -16,6 +16,7 @@ import orjson
 from boundedcode_gateway.errors import GatewayError, MalformedResponse
 from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
 from boundedcode_gateway.providers.gemini.signatures import SignatureCollector
+from boundedcode_gateway.providers.openai_compat.mapping import new_tool_call_id
 from boundedcode_gateway.providers.openai_shapes import (
     AnswerMessage,
     completion_body,
@@ -46,11 +47,6 @@ BROKEN_CALL_REASONS = frozenset(
     {"MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL", "TOO_MANY_TOOL_CALLS"}
 )
 BROKEN_CALL_CODE = "malformed_function_call"
-
-
-def new_tool_call_id() -> str:
-    """An id in OpenAI's form for a function call Gemini sent without one."""
-    return "call_" + secrets.token_hex(12)
 
 
 def new_completion_id(response_id: Any) -> str:
