@@ -128,6 +128,10 @@ class GeminiUpstream:
             adjustments=adjustments,
         )
 
+    def learn_from_refusal(self, status: int, message: str) -> bool:
+        """Nothing optional is left out after a refusal (a refused schema has its own path)."""
+        return False
+
     def stream_translator(self, options: RequestOptions) -> StreamTranslator:
         return GeminiStreamTranslator(options, self.upstream_model, self._secrets())
 

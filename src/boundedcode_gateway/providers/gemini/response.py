@@ -161,6 +161,7 @@ def first_candidate(obj: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def candidate_parts(candidate: dict[str, Any]) -> list[Any]:
+    """The parts of a candidate's content (none when it has no content)."""
     content = candidate.get("content")
     parts = content.get("parts") if isinstance(content, dict) else None
     return parts if isinstance(parts, list) else []
