@@ -42,7 +42,9 @@ def write_config(tmp_path: Path, upstream_url: str) -> Path:
     return config
 
 
-def start_serve(config: Path, port: int) -> subprocess.Popen[bytes]:
+def start_serve(
+    config: Path, port: int, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -56,6 +58,7 @@ def start_serve(config: Path, port: int) -> subprocess.Popen[bytes]:
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        env=env,
     )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:

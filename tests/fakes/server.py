@@ -50,12 +50,14 @@ class _ThreadServer(uvicorn.Server):
 class RunningServer:
     """A started server: its address, and `stop()` to shut it down and join its thread."""
 
-    def __init__(self, server: _ThreadServer, thread: threading.Thread, port: int) -> None:
+    def __init__(
+        self, server: _ThreadServer, thread: threading.Thread, port: int, scheme: str = "http"
+    ) -> None:
         self._server = server
         self._thread = thread
         self.port = port
         self.host = _HOST
-        self.url = f"http://{_HOST}:{port}"
+        self.url = f"{scheme}://{_HOST}:{port}"
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask uvicorn to exit, then join the thread; force the exit if it lingers."""
@@ -92,6 +94,7 @@ def serve_in_thread(
     startup_timeout: float = 10.0,
     lifespan: str = "off",
     http: Any = "httptools",
+    tls: tuple[str, str] | None = None,
 ) -> RunningServer:
     """Start `app` on 127.0.0.1:<free port> in a daemon thread and return once it listens.
 
@@ -112,6 +115,8 @@ def serve_in_thread(
         server_header=False,  # the app sets its own `Server` header
         timeout_keep_alive=timeout_keep_alive,
         timeout_graceful_shutdown=2,
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
     )
     server = _ThreadServer(config)
     thread = threading.Thread(target=server.run, name="fake-upstream", daemon=True)
@@ -124,7 +129,7 @@ def serve_in_thread(
             raise RuntimeError("fake server failed to start")
         time.sleep(0.005)
     port = int(server.servers[0].sockets[0].getsockname()[1])
-    return RunningServer(server, thread, port)
+    return RunningServer(server, thread, port, "https" if tls else "http")
 
 
 def stop_all(servers: list[RunningServer]) -> None:

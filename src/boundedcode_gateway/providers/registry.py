@@ -8,6 +8,7 @@ from boundedcode_gateway.config import GatewayConfig, ModelProfile
 from boundedcode_gateway.errors import ConfigError
 from boundedcode_gateway.providers.anthropic.adapter import AnthropicUpstream
 from boundedcode_gateway.providers.base import Upstream
+from boundedcode_gateway.providers.gemini.adapter import GeminiUpstream
 from boundedcode_gateway.providers.http import HttpClient
 from boundedcode_gateway.providers.openai_compat.adapter import OpenAICompatUpstream
 
@@ -18,6 +19,7 @@ FACTORIES: dict[str, UpstreamFactory] = {
     "openai": OpenAICompatUpstream,
     "openai-compatible": OpenAICompatUpstream,
     "anthropic": AnthropicUpstream,
+    "gemini": GeminiUpstream,
 }
 
 

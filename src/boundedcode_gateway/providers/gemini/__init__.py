@@ -1,0 +1,1 @@
+"""The Gemini upstream: OpenAI chat-completions to ``generateContent`` and back."""

@@ -1,0 +1,147 @@
+"""The Gemini upstream: ``generateContent`` with ``x-goog-api-key``, thought signatures kept.
+
+Thin: headers, URL, capabilities and the store lookup; the translation is in
+``request.py``, ``response.py`` and ``stream.py``. A stored signature goes back
+only to the profile that received it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from boundedcode_gateway.config import GatewayConfig, ModelProfile
+from boundedcode_gateway.errors import ConfigError, GatewayError, MissingApiKey
+from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
+from boundedcode_gateway.providers.base import (
+    CallMetrics,
+    Capabilities,
+    PreparedRequest,
+    RequestOptions,
+    StreamTranslator,
+)
+from boundedcode_gateway.providers.gemini.request import gemini_url, to_gemini_request
+from boundedcode_gateway.providers.gemini.response import error_from_gemini, from_gemini_response
+from boundedcode_gateway.providers.gemini.signatures import SIGNATURE_KIND, TurnSignatures
+from boundedcode_gateway.providers.gemini.stream import GeminiStreamTranslator
+from boundedcode_gateway.providers.http import HttpClient
+from boundedcode_gateway.reasoning_store.store import TaskReasoning
+
+# 429 RESOURCE_EXHAUSTED, 500 INTERNAL, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED
+GEMINI_RETRY = RetryRules(statuses=frozenset({429, 500, 503, 504}), max_attempts=4)
+GEMINI_CAPABILITIES = Capabilities(
+    streaming=True,
+    reasoning_back=True,
+    structured_output=True,
+    prompt_progress=False,
+    source="documentation",
+)
+
+
+class GeminiUpstream:
+    """One model profile served by the Gemini API."""
+
+    def __init__(self, name: str, profile: ModelProfile, config: GatewayConfig, http: HttpClient):
+        thinking = profile.thinking
+        if thinking is not None and None not in (thinking.level, thinking.budget_tokens):
+            raise ConfigError(
+                f"models.{name}.thinking: set 'level' or 'budget_tokens', not both "
+                "(Gemini refuses thinkingLevel with thinkingBudget)"
+            )
+        self.name = name
+        self.provider: str = profile.provider
+        self.upstream_model = profile.model or name
+        self._profile = profile
+        self._http = http
+        self._budget = RetryBudget(profile.retry.max_attempts, profile.retry.max_total_s)
+
+    @property
+    def retry_rules(self) -> RetryRules:
+        return GEMINI_RETRY
+
+    @property
+    def retry_budget(self) -> RetryBudget:
+        return self._budget
+
+    @property
+    def schema_form(self) -> str:
+        return "responseJsonSchema"
+
+    async def start(self) -> None:
+        return None
+
+    async def capabilities(self) -> Capabilities:
+        return GEMINI_CAPABILITIES
+
+    def _key(self) -> str:
+        key = self._profile.api_key()
+        if key is None:
+            raise MissingApiKey(
+                f"model '{self.name}' needs the environment variable "
+                f"{self._profile.api_key_env}, which is not set"
+            )
+        return key
+
+    def _secrets(self) -> tuple[str, ...]:
+        key = self._profile.api_key()
+        return (key,) if key else ()
+
+    def prepare(
+        self,
+        body: dict[str, Any],
+        options: RequestOptions,
+        caps: Capabilities,
+        call_id: str,
+        reasoning: TaskReasoning,
+        send_schema: bool,
+    ) -> PreparedRequest:
+        """The ``generateContent`` request, each earlier turn of this profile signed again."""
+
+        def lookup(keys: Sequence[str]) -> TurnSignatures | None:
+            item = reasoning.find(SIGNATURE_KIND, keys)
+            # a signature is bound to the model and key that wrote it
+            if item is None or item.profile != self.name:
+                return None
+            return TurnSignatures.from_data(item.data)
+
+        out = to_gemini_request(
+            body,
+            model=self.upstream_model,
+            thinking=self._profile.thinking,
+            default_max_tokens=self._profile.max_tokens,
+            send_schema=send_schema,
+            lookup=lookup,
+        )
+        headers = {"Content-Type": "application/json", "x-goog-api-key": self._key()}
+        if options.stream:
+            headers["Accept"] = "text/event-stream"
+        base_url = self._profile.upstream_base_url
+        adjustments = {"signature_placeholders": out.placeholders} if out.placeholders else {}
+        return PreparedRequest(
+            url=gemini_url(base_url, self.upstream_model, options.stream),
+            headers=headers,
+            body=orjson.dumps(out.body),
+            stream=options.stream,
+            secrets=self._secrets(),
+            adjustments=adjustments,
+        )
+
+    def learn_from_refusal(self, status: int, message: str) -> bool:
+        """Nothing optional is left out after a refusal (a refused schema has its own path)."""
+        return False
+
+    def stream_translator(self, options: RequestOptions) -> StreamTranslator:
+        return GeminiStreamTranslator(options, self.upstream_model, self._secrets())
+
+    def from_response(self, raw: bytes, metrics: CallMetrics, options: RequestOptions) -> bytes:
+        return from_gemini_response(raw, metrics, options, self.upstream_model)
+
+    def error_from_response(
+        self, status: int, raw: bytes, headers: Mapping[str, str]
+    ) -> GatewayError:
+        return error_from_gemini(status, raw, self._secrets())
+
+    async def close(self) -> None:
+        return None
