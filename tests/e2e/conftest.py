@@ -120,7 +120,7 @@ def start_gateway(tmp_path: Path) -> Iterator[GatewayFactory]:
     running: list[Gateway] = []
 
     def start(models: dict[str, dict[str, Any]], **settings: Any) -> Gateway:
-        data_dir = tmp_path / f"gw{len(running)}"
+        data_dir = Path(settings.pop("data_dir", tmp_path / f"gw{len(running)}"))
         text = yaml.safe_dump({"data_dir": str(data_dir), **settings, "models": models})
         app = create_app(parse_config(text))
         # the HTTP protocol `boundedcode-gateway serve` runs

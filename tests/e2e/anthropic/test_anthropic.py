@@ -7,7 +7,6 @@ gateway put the right thinking blocks back.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,7 +15,7 @@ import orjson
 import pytest
 
 from tests.e2e.anthropic.conftest import Claude
-from tests.e2e.conftest import GatewayFactory
+from tests.e2e.conftest import Gateway, GatewayFactory
 from tests.fakes.anthropic_api import AnthropicReply
 
 TOOLS: list[Any] = [
@@ -58,9 +57,8 @@ def _ask(client: openai.OpenAI, messages: list[Any], stream: bool) -> Any:
 
 def _tool_loop_turns(
     claude: Claude, start_gateway: GatewayFactory, turns: int, restart_after: int | None = None
-) -> tuple[list[Any], Path]:
+) -> tuple[list[Any], Gateway]:
     gw = start_gateway(claude.profiles)
-    data_dir = gw.data_dir
     client = gw.client(task="t-loop")
     messages: list[Any] = [{"role": "user", "content": "Read the three files and sum them."}]
     for turn in range(turns):
@@ -84,9 +82,9 @@ def _tool_loop_turns(
             messages.append({"role": "tool", "tool_call_id": call.id, "content": str(turn + 1)})
         if restart_after is not None and turn + 1 == restart_after:
             gw.stop()
-            gw = start_gateway(claude.profiles, data_dir=str(data_dir))
+            gw = start_gateway(claude.profiles, data_dir=str(gw.data_dir))
             client = gw.client(task="t-loop")
-    return messages, data_dir
+    return messages, gw
 
 
 def test_five_turn_tool_loop_with_thinking(claude: Claude, start_gateway: GatewayFactory) -> None:
@@ -108,9 +106,10 @@ def test_five_turn_tool_loop_with_thinking(claude: Claude, start_gateway: Gatewa
 def test_tool_loop_survives_a_gateway_restart(
     claude: Claude, start_gateway: GatewayFactory
 ) -> None:
-    _, data_dir = _tool_loop_turns(claude, start_gateway, turns=5, restart_after=3)
+    _, gw = _tool_loop_turns(claude, start_gateway, turns=5, restart_after=3)
     assert len(claude.fake.requests) == 5
-    replay = data_dir / "tasks" / "t-loop" / "anthropic-thinking.jsonl"
+    gw.stop()  # the store's last lines are written at shutdown at the latest
+    replay = gw.data_dir / "tasks" / "t-loop" / "anthropic-thinking.jsonl"
     lines = [orjson.loads(x) for x in replay.read_bytes().splitlines()]
     assert len(lines) == 5  # one line per answer (each keyed by its tool call, the last by text)
     assert {x["profile"] for x in lines} == {"claude"}
