@@ -137,6 +137,11 @@ class ModelProfile(_Strict):
             return None
         return os.environ.get(self.api_key_env) or None
 
+    def secrets(self) -> tuple[str, ...]:
+        """What must never appear in an error message or log (the key)."""
+        key = self.api_key()
+        return (key,) if key else ()
+
 
 class InferenceSettings(_Strict):
     reasoning_history: ReasoningHistory = "auto"

@@ -39,3 +39,15 @@ def upstream_error(
         code=code,
         param=param,
     )
+
+
+def error_from_text(status: int, raw: bytes, secrets: tuple[str, ...] = ()) -> GatewayError:
+    """The gateway error for an error answer whose body is not JSON (a proxy's HTML page)."""
+    text = raw.decode("utf-8", "replace").strip()[:500]
+    return upstream_error(
+        status,
+        text or "the upstream answered with an empty error body",
+        error_type=None,
+        code=None,
+        secrets=secrets,
+    )

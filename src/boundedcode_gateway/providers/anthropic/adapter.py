@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.config import GatewayConfig, ModelProfile
-from boundedcode_gateway.errors import GatewayError, MissingApiKey
-from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
+from boundedcode_gateway.errors import GatewayError
+from boundedcode_gateway.policy.retry import RetryRules
 from boundedcode_gateway.policy.structured import requested_schema
 from boundedcode_gateway.providers.anthropic.request import (
     AnthropicTarget,
@@ -36,6 +36,7 @@ from boundedcode_gateway.providers.base import (
     StreamTranslator,
 )
 from boundedcode_gateway.providers.http import HttpClient
+from boundedcode_gateway.providers.native import NativeUpstream
 from boundedcode_gateway.reasoning_store.store import TaskReasoning
 
 log = logging.getLogger(__name__)
@@ -69,50 +70,19 @@ def stored_blocks(data: Any) -> ThinkingBlocks | None:
     return out or None
 
 
-class AnthropicUpstream:
+class AnthropicUpstream(NativeUpstream):
     """One model profile served by Anthropic (or a server that speaks its Messages API)."""
 
+    RETRY = ANTHROPIC_RETRY
+    CAPABILITIES = ANTHROPIC_CAPABILITIES
+    SCHEMA_FORM = "output_config.format"
+
     def __init__(self, name: str, profile: ModelProfile, config: GatewayConfig, http: HttpClient):
-        self.name = name
-        self.provider: str = profile.provider
-        self.upstream_model = profile.model or name
-        self._profile = profile
+        super().__init__(name, profile, config, http)
         self._target = AnthropicTarget(self.upstream_model, profile.max_tokens, profile.thinking)
         self._url = profile.upstream_base_url + "/messages"
-        self._budget = RetryBudget(profile.retry.max_attempts, profile.retry.max_total_s)
         # set once the model refused temperature / top_p: they are left out from then on
         self._sampling_refused = False
-
-    @property
-    def retry_rules(self) -> RetryRules:
-        return ANTHROPIC_RETRY
-
-    @property
-    def retry_budget(self) -> RetryBudget:
-        return self._budget
-
-    @property
-    def schema_form(self) -> str:
-        return "output_config.format"
-
-    async def start(self) -> None:
-        return None
-
-    async def capabilities(self) -> Capabilities:
-        return ANTHROPIC_CAPABILITIES
-
-    def _key(self) -> str:
-        key = self._profile.api_key()
-        if key is None:
-            raise MissingApiKey(
-                f"model '{self.name}' needs the environment variable "
-                f"{self._profile.api_key_env}, which is not set"
-            )
-        return key
-
-    def _secrets(self) -> tuple[str, ...]:
-        key = self._profile.api_key()
-        return (key,) if key else ()
 
     def prepare(
         self,
@@ -175,6 +145,3 @@ class AnthropicUpstream:
         self, status: int, raw: bytes, headers: Mapping[str, str]
     ) -> GatewayError:
         return error_from_anthropic(status, raw, self._secrets())
-
-    async def close(self) -> None:
-        return None

@@ -11,7 +11,7 @@ import orjson
 from boundedcode_gateway.errors import GatewayError, MalformedResponse
 from boundedcode_gateway.providers.base import CallMetrics, CapturedReasoning
 from boundedcode_gateway.providers.openai_shapes import AnswerMessage, completion_body, tool_call
-from boundedcode_gateway.providers.upstream_errors import upstream_error
+from boundedcode_gateway.providers.upstream_errors import error_from_text, upstream_error
 
 # the store's kind for Anthropic's thinking and redacted_thinking blocks
 THINKING_KIND = "anthropic_thinking"
@@ -177,14 +177,7 @@ def error_from_anthropic(status: int, raw: bytes, secrets: tuple[str, ...]) -> G
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        text = raw.decode("utf-8", "replace").strip()[:500]
-        return upstream_error(
-            status,
-            text or "the upstream answered with an empty error body",
-            error_type=None,
-            code=None,
-            secrets=secrets,
-        )
+        return error_from_text(status, raw, secrets)
     message, kind, code = _error_parts(obj)
     return upstream_error(
         status, message, error_type=kind, code=code if status != 400 else None, secrets=secrets

@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.config import GatewayConfig, ModelProfile
-from boundedcode_gateway.errors import ConfigError, GatewayError, MissingApiKey
-from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
+from boundedcode_gateway.errors import ConfigError, GatewayError
+from boundedcode_gateway.policy.retry import RetryRules
 from boundedcode_gateway.providers.base import (
     CallMetrics,
     Capabilities,
@@ -27,6 +27,7 @@ from boundedcode_gateway.providers.gemini.response import error_from_gemini, fro
 from boundedcode_gateway.providers.gemini.signatures import SIGNATURE_KIND, TurnSignatures
 from boundedcode_gateway.providers.gemini.stream import GeminiStreamTranslator
 from boundedcode_gateway.providers.http import HttpClient
+from boundedcode_gateway.providers.native import NativeUpstream
 from boundedcode_gateway.reasoning_store.store import TaskReasoning
 
 # 429 RESOURCE_EXHAUSTED, 500 INTERNAL, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED
@@ -40,8 +41,12 @@ GEMINI_CAPABILITIES = Capabilities(
 )
 
 
-class GeminiUpstream:
+class GeminiUpstream(NativeUpstream):
     """One model profile served by the Gemini API."""
+
+    RETRY = GEMINI_RETRY
+    CAPABILITIES = GEMINI_CAPABILITIES
+    SCHEMA_FORM = "responseJsonSchema"
 
     def __init__(self, name: str, profile: ModelProfile, config: GatewayConfig, http: HttpClient):
         thinking = profile.thinking
@@ -50,43 +55,7 @@ class GeminiUpstream:
                 f"models.{name}.thinking: set 'level' or 'budget_tokens', not both "
                 "(Gemini refuses thinkingLevel with thinkingBudget)"
             )
-        self.name = name
-        self.provider: str = profile.provider
-        self.upstream_model = profile.model or name
-        self._profile = profile
-        self._http = http
-        self._budget = RetryBudget(profile.retry.max_attempts, profile.retry.max_total_s)
-
-    @property
-    def retry_rules(self) -> RetryRules:
-        return GEMINI_RETRY
-
-    @property
-    def retry_budget(self) -> RetryBudget:
-        return self._budget
-
-    @property
-    def schema_form(self) -> str:
-        return "responseJsonSchema"
-
-    async def start(self) -> None:
-        return None
-
-    async def capabilities(self) -> Capabilities:
-        return GEMINI_CAPABILITIES
-
-    def _key(self) -> str:
-        key = self._profile.api_key()
-        if key is None:
-            raise MissingApiKey(
-                f"model '{self.name}' needs the environment variable "
-                f"{self._profile.api_key_env}, which is not set"
-            )
-        return key
-
-    def _secrets(self) -> tuple[str, ...]:
-        key = self._profile.api_key()
-        return (key,) if key else ()
+        super().__init__(name, profile, config, http)
 
     def prepare(
         self,
@@ -142,6 +111,3 @@ class GeminiUpstream:
         self, status: int, raw: bytes, headers: Mapping[str, str]
     ) -> GatewayError:
         return error_from_gemini(status, raw, self._secrets())
-
-    async def close(self) -> None:
-        return None

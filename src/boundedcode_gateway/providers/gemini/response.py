@@ -22,7 +22,7 @@ from boundedcode_gateway.providers.openai_shapes import (
     completion_body,
     tool_call,
 )
-from boundedcode_gateway.providers.upstream_errors import upstream_error
+from boundedcode_gateway.providers.upstream_errors import error_from_text, upstream_error
 
 # Gemini's finishReason → OpenAI's finish_reason ("stop" becomes "tool_calls" with calls)
 FINISH_REASONS = {
@@ -230,14 +230,7 @@ def error_from_gemini(status: int, raw: bytes, secrets: tuple[str, ...]) -> Gate
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        text = raw.decode("utf-8", "replace").strip()[:500]
-        return upstream_error(
-            status,
-            text or "Gemini answered with an empty error body",
-            error_type=None,
-            code=None,
-            secrets=secrets,
-        )
+        return error_from_text(status, raw, secrets)
     error = _error_object(obj)
     if error is None:
         return upstream_error(status, str(obj)[:500], error_type=None, code=None, secrets=secrets)

@@ -168,8 +168,7 @@ class OpenAICompatUpstream:
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _secrets(self) -> tuple[str, ...]:
-        key = self._profile.api_key()
-        return (key,) if key else ()
+        return self._profile.secrets()
 
     def prepare(
         self,

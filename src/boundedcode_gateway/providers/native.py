@@ -1,0 +1,66 @@
+"""What the adapters that translate to a provider's own API share (Anthropic, Gemini).
+
+The profile's name, upstream model, API key and retry budget; nothing to start
+or stop. Each adapter adds its translation, its retry rules and capabilities.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from boundedcode_gateway.config import GatewayConfig, ModelProfile
+from boundedcode_gateway.errors import MissingApiKey
+from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
+from boundedcode_gateway.providers.base import Capabilities
+from boundedcode_gateway.providers.http import HttpClient
+
+
+class NativeUpstream:
+    """The shared half of a translating adapter: identity, key, budget, and the provider's
+    documented rules and capabilities (class constants of each adapter)."""
+
+    RETRY: ClassVar[RetryRules]
+    CAPABILITIES: ClassVar[Capabilities]
+    SCHEMA_FORM: ClassVar[str]
+
+    def __init__(self, name: str, profile: ModelProfile, config: GatewayConfig, http: HttpClient):
+        self.name = name
+        self.provider: str = profile.provider
+        self.upstream_model = profile.model or name
+        self._profile = profile
+        self._http = http
+        self._budget = RetryBudget(profile.retry.max_attempts, profile.retry.max_total_s)
+
+    @property
+    def retry_rules(self) -> RetryRules:
+        return self.RETRY
+
+    @property
+    def retry_budget(self) -> RetryBudget:
+        return self._budget
+
+    @property
+    def schema_form(self) -> str:
+        return self.SCHEMA_FORM
+
+    async def capabilities(self) -> Capabilities:
+        return self.CAPABILITIES
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def _key(self) -> str:
+        """The API key; a call without it is a clear 500 naming the variable."""
+        key = self._profile.api_key()
+        if key is None:
+            raise MissingApiKey(
+                f"model '{self.name}' needs the environment variable "
+                f"{self._profile.api_key_env}, which is not set"
+            )
+        return key
+
+    def _secrets(self) -> tuple[str, ...]:
+        return self._profile.secrets()
