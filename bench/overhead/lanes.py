@@ -23,7 +23,7 @@ class Lane:
 
 
 def full_lanes(seconds: float) -> list[Lane]:
-    """Every lane of the issue; ``seconds`` bounds each measurement."""
+    """Every lane of the benchmark; ``seconds`` bounds each measurement."""
     return [
         Lane("a-small", "(a) c1 small", "openai", "small", False, 1, 5_000, seconds),
         Lane("a-agent", "(a) c1 50 KB agent", "openai", "agent", False, 1, 5_000, seconds),
