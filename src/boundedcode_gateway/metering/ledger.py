@@ -26,7 +26,6 @@ _MIGRATION_NAME = re.compile(r"^(\d{4})_(\w+)\.sql$")
 
 _COLUMNS = ", ".join(LEDGER_FIELDS)
 _ROW = attrgetter(*LEDGER_FIELDS)  # a record's ledger values, in column order
-_ROW = attrgetter(*LEDGER_FIELDS)  # a record's ledger values, in column order
 _PLACEHOLDERS = ", ".join("?" for _ in LEDGER_FIELDS)
 
 JOURNAL_WAL_SQL = "PRAGMA journal_mode=WAL"

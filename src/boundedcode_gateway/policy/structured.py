@@ -8,6 +8,7 @@ prompt does, and llama.cpp writes them in that order.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,41 @@ def _nullable(schema: Any) -> Any:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
+ObjectRule = Callable[[dict[str, Any], dict[str, Any]], None]
+
+
+def _rebuild(schema: Any, rule: ObjectRule) -> Any:
+    """The schema rebuilt key by key in order; ``rule(out, original)`` finishes every object
+    that lists its properties, after its subschemas were rebuilt."""
+    if isinstance(schema, list):
+        return [_rebuild(s, rule) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _rebuild(v, rule) if k in ("items", *_COMBINATORS) else v for k, v in schema.items()}
+    for key in _DEFINITIONS:
+        if isinstance(schema.get(key), dict):
+            out[key] = {n: _rebuild(s, rule) for n, s in schema[key].items()}
+    props = schema.get("properties")
+    if isinstance(props, dict):
+        out["properties"] = {n: _rebuild(s, rule) for n, s in props.items()}
+        rule(out, schema)
+    return out
+
+
+def _strict_object(out: dict[str, Any], original: dict[str, Any]) -> None:
+    required = original.get("required")
+    was = set(required) if isinstance(required, list) else set()
+    out["properties"] = {
+        name: sub if name in was else _nullable(sub) for name, sub in out["properties"].items()
+    }
+    out["required"] = list(out["properties"])
+    out["additionalProperties"] = False
+
+
+def _closed_object(out: dict[str, Any], original: dict[str, Any]) -> None:
+    out.setdefault("additionalProperties", False)
+
+
 def strict_schema(schema: Any) -> Any:
     """The schema as OpenAI's strict mode wants it, field order kept.
 
@@ -74,42 +110,13 @@ def strict_schema(schema: Any) -> Any:
     property that was optional becomes nullable, so the reply says ``null`` where
     it would have left the field out.
     """
-    if isinstance(schema, list):
-        return [strict_schema(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: strict_schema(v) if k in ("items", *_COMBINATORS) else v for k, v in schema.items()}
-    for key in _DEFINITIONS:
-        if isinstance(schema.get(key), dict):
-            out[key] = {n: strict_schema(s) for n, s in schema[key].items()}
-    props = schema.get("properties")
-    if isinstance(props, dict):
-        required = schema.get("required")
-        was = set(required) if isinstance(required, list) else set()
-        out["properties"] = {
-            name: strict_schema(sub) if name in was else _nullable(strict_schema(sub))
-            for name, sub in props.items()
-        }
-        out["required"] = list(props)
-        out["additionalProperties"] = False
-    return out
+    return _rebuild(schema, _strict_object)
 
 
 def closed_schema(schema: Any) -> Any:
     """The schema with every object that lists its properties forbidding others, unless it
     says otherwise (Anthropic's structured outputs want objects closed)."""
-    if isinstance(schema, list):
-        return [closed_schema(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: closed_schema(v) if k in ("items", *_COMBINATORS) else v for k, v in schema.items()}
-    if isinstance(schema.get("properties"), dict):
-        out["properties"] = {n: closed_schema(s) for n, s in schema["properties"].items()}
-        out.setdefault("additionalProperties", False)
-    for key in _DEFINITIONS:
-        if isinstance(schema.get(key), dict):
-            out[key] = {n: closed_schema(s) for n, s in schema[key].items()}
-    return out
+    return _rebuild(schema, _closed_object)
 
 
 def is_schema_rejection(status: int, message: str) -> bool:

@@ -60,7 +60,6 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
-        self._header_name = b""
         self._paused = False
         self.closed = False
         self.error: Exception | None = None

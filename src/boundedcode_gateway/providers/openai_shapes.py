@@ -8,6 +8,7 @@ stable id) through them, so both speak exactly the same OpenAI on the way out.
 from __future__ import annotations
 
 import binascii
+import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import orjson
 
 from boundedcode_gateway.errors import InvalidRequest
 from boundedcode_gateway.providers.base import CallMetrics
+from boundedcode_gateway.reasoning_store.keys import text_of
 
 SYSTEM_ROLES = ("system", "developer")
 
@@ -43,6 +45,13 @@ def parse_data_url(url: str) -> DataUrl | None:
     return DataUrl(head.removesuffix(";base64") or "application/octet-stream", data)
 
 
+def image_url_of(part: dict[str, Any]) -> str | None:
+    """The URL of an ``image_url`` part (an object with ``url``, or the bare string)."""
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, dict) else image
+    return url if isinstance(url, str) else None
+
+
 def content_parts(content: Any) -> list[dict[str, Any]]:
     """A message's content as a list of OpenAI parts (a string is one text part)."""
     if isinstance(content, str):
@@ -54,15 +63,12 @@ def content_parts(content: Any) -> list[dict[str, Any]]:
 
 def system_text(messages: list[Any]) -> str:
     """The text of every system and developer message, in order, one paragraph each."""
-    texts = []
-    for msg in messages:
-        if isinstance(msg, dict) and msg.get("role") in SYSTEM_ROLES:
-            text = "".join(
-                p.get("text", "") for p in content_parts(msg.get("content")) if "text" in p
-            )
-            if text:
-                texts.append(text)
-    return "\n\n".join(texts)
+    texts = (
+        text_of(msg.get("content"))
+        for msg in messages
+        if isinstance(msg, dict) and msg.get("role") in SYSTEM_ROLES
+    )
+    return "\n\n".join(t for t in texts if t)
 
 
 def arguments_object(arguments: Any, where: str) -> dict[str, Any]:
@@ -137,6 +143,18 @@ def usage_object(metrics: CallMetrics) -> dict[str, Any]:
     if metrics.reasoning_tokens is not None:
         usage["completion_tokens_details"] = {"reasoning_tokens": metrics.reasoning_tokens}
     return usage
+
+
+def new_tool_call_id() -> str:
+    """An id in OpenAI's form for a tool call the upstream left without one."""
+    return "call_" + secrets.token_hex(12)
+
+
+def completion_id(upstream_id: Any) -> str:
+    """The caller's completion id: the upstream's own answer id when it sent one."""
+    if isinstance(upstream_id, str) and upstream_id:
+        return "chatcmpl-" + upstream_id
+    return "chatcmpl-" + secrets.token_hex(12)
 
 
 def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:

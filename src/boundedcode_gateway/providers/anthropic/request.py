@@ -20,12 +20,13 @@ from boundedcode_gateway.providers.openai_shapes import (
     arguments_object,
     content_parts,
     function_tools,
+    image_url_of,
     max_output_tokens,
     parse_data_url,
     stop_sequences,
     system_text,
 )
-from boundedcode_gateway.reasoning_store.keys import message_keys
+from boundedcode_gateway.reasoning_store.keys import message_keys, text_of
 
 # the answer's limit when neither the caller nor the profile sets one (Anthropic requires one)
 DEFAULT_MAX_TOKENS = 8192
@@ -84,9 +85,8 @@ class AnthropicTarget:
 
 
 def _image_block(part: dict[str, Any], where: str) -> dict[str, Any]:
-    image = part.get("image_url")
-    url = image.get("url") if isinstance(image, dict) else image
-    if not isinstance(url, str):
+    url = image_url_of(part)
+    if url is None:
         raise InvalidRequest(f"{where}: image_url has no url", param="messages")
     inline = parse_data_url(url)
     if inline is not None:
@@ -130,9 +130,7 @@ def _tool_result(msg: dict[str, Any], where: str) -> dict[str, Any]:
 
 def _assistant_blocks(msg: dict[str, Any], where: str) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
-    text = "".join(
-        p.get("text", "") for p in content_parts(msg.get("content")) if p.get("type") == "text"
-    )
+    text = text_of(msg.get("content"))
     if text:
         blocks.append({"type": "text", "text": text})
     for call in msg.get("tool_calls") or ():

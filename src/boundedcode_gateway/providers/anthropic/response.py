@@ -10,7 +10,12 @@ import orjson
 
 from boundedcode_gateway.errors import GatewayError, MalformedResponse
 from boundedcode_gateway.providers.base import CallMetrics, CapturedReasoning
-from boundedcode_gateway.providers.openai_shapes import AnswerMessage, completion_body, tool_call
+from boundedcode_gateway.providers.openai_shapes import (
+    AnswerMessage,
+    completion_body,
+    completion_id,
+    tool_call,
+)
 from boundedcode_gateway.providers.upstream_errors import error_from_text, upstream_error
 
 # the store's kind for Anthropic's thinking and redacted_thinking blocks
@@ -118,11 +123,6 @@ class AnswerBuilder:
         if self.reasoning is not None:
             self.message.reasoning = "".join(self.reasoning)
         return self.message
-
-
-def completion_id(message_id: Any) -> str:
-    """The caller's completion id for an Anthropic message id (one per answer)."""
-    return "chatcmpl-" + (message_id if isinstance(message_id, str) else "anthropic")
 
 
 def from_anthropic_response(raw: bytes, metrics: CallMetrics, capture_content: bool) -> bytes:

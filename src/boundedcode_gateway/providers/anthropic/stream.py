@@ -19,13 +19,12 @@ from boundedcode_gateway.errors import MalformedResponse
 from boundedcode_gateway.providers.anthropic.response import (
     THINKING_TYPES,
     AnswerBuilder,
-    completion_id,
     error_from_stream_event,
     finish_reason,
     read_usage,
 )
 from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
-from boundedcode_gateway.providers.openai_shapes import ChunkWriter
+from boundedcode_gateway.providers.openai_shapes import ChunkWriter, completion_id
 
 _NOTHING: tuple[bytes, ...] = ()
 

@@ -26,6 +26,7 @@ from boundedcode_gateway.providers.openai_shapes import (
     arguments_object,
     content_parts,
     function_tools,
+    image_url_of,
     max_output_tokens,
     parse_data_url,
     stop_sequences,
@@ -155,9 +156,8 @@ def _user_parts(msg: dict[str, Any], i: int) -> list[dict[str, Any]]:
 
 
 def _image(part: dict[str, Any], where: str) -> dict[str, Any]:
-    image = part.get("image_url")
-    url = image.get("url") if isinstance(image, dict) else image
-    data = parse_data_url(url) if isinstance(url, str) else None
+    url = image_url_of(part)
+    data = parse_data_url(url) if url is not None else None
     if data is None:
         raise InvalidRequest(
             f"{where}: Gemini profiles take images as base64 data: URLs", param="messages"

@@ -8,7 +8,6 @@ collected for the store.
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 import orjson
@@ -16,10 +15,11 @@ import orjson
 from boundedcode_gateway.errors import GatewayError, MalformedResponse
 from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
 from boundedcode_gateway.providers.gemini.signatures import SignatureCollector
-from boundedcode_gateway.providers.openai_compat.mapping import new_tool_call_id
 from boundedcode_gateway.providers.openai_shapes import (
     AnswerMessage,
     completion_body,
+    completion_id,
+    new_tool_call_id,
     tool_call,
 )
 from boundedcode_gateway.providers.upstream_errors import error_from_text, upstream_error
@@ -47,13 +47,6 @@ BROKEN_CALL_REASONS = frozenset(
     {"MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL", "TOO_MANY_TOOL_CALLS"}
 )
 BROKEN_CALL_CODE = "malformed_function_call"
-
-
-def new_completion_id(response_id: Any) -> str:
-    """The caller's completion id: Gemini's ``responseId`` when it sent one."""
-    if isinstance(response_id, str) and response_id:
-        return "chatcmpl-" + response_id
-    return "chatcmpl-" + secrets.token_hex(12)
 
 
 def finish_reason(reason: str, has_calls: bool, message: Any = None) -> str:
@@ -204,7 +197,7 @@ def from_gemini_response(
     metrics.finish_reason = finish
     answer.finish(metrics, options)
     return completion_body(
-        new_completion_id(obj.get("responseId")),
+        completion_id(obj.get("responseId")),
         metrics.upstream_model or model,
         answer.message(),
         finish,

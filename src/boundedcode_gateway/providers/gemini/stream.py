@@ -21,10 +21,9 @@ from boundedcode_gateway.providers.gemini.response import (
     error_in_stream,
     finish_reason,
     first_candidate,
-    new_completion_id,
     read_usage,
 )
-from boundedcode_gateway.providers.openai_shapes import ChunkWriter
+from boundedcode_gateway.providers.openai_shapes import ChunkWriter, completion_id
 
 _NOTHING: tuple[bytes, ...] = ()
 
@@ -76,7 +75,7 @@ class GeminiStreamTranslator:
     def _writer_for(self, obj: dict[str, Any]) -> ChunkWriter:
         if self._writer is None:
             self._writer = ChunkWriter(
-                new_completion_id(obj.get("responseId")), self.metrics.upstream_model or self._model
+                completion_id(obj.get("responseId")), self.metrics.upstream_model or self._model
             )
         return self._writer
 

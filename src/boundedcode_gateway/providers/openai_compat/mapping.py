@@ -6,7 +6,6 @@ error out. No I/O.
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 import orjson
@@ -22,6 +21,7 @@ from boundedcode_gateway.policy.reasoning import (
 from boundedcode_gateway.policy.structured import RequestedSchema, requested_schema, strict_schema
 from boundedcode_gateway.providers.base import CallMetrics, CapturedReasoning, RequestOptions
 from boundedcode_gateway.providers.openai_compat.profiles import Dialect
+from boundedcode_gateway.providers.openai_shapes import new_tool_call_id
 from boundedcode_gateway.providers.upstream_errors import upstream_error
 from boundedcode_gateway.reasoning_store.keys import text_of, tool_call_ids
 
@@ -162,11 +162,6 @@ def read_answer_metrics(obj: dict[str, Any], metrics: CallMetrics) -> None:
         read_timings(timings, metrics)
     if metrics.upstream_model is None and isinstance(obj.get("model"), str):
         metrics.upstream_model = obj["model"]
-
-
-def new_tool_call_id() -> str:
-    """An id in OpenAI's form for a tool call the upstream left without one."""
-    return "call_" + secrets.token_hex(12)
 
 
 def complete_tool_call_head(call: dict[str, Any]) -> bool:
