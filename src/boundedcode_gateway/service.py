@@ -15,14 +15,17 @@ from typing import Any
 
 from boundedcode_gateway.attempts import Attempts
 from boundedcode_gateway.errors import GatewayError, ModelNotFound, StreamBroken, UpstreamFailure
+from boundedcode_gateway.llama_server.cache_keeper import AnsweredCall, CacheKeeper
 from boundedcode_gateway.metering.meter import CallContext, Meter
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy import structured
+from boundedcode_gateway.policy.cache_misses import ContinuityTable, PreviousCall, classify
 from boundedcode_gateway.policy.capabilities import check_request
 from boundedcode_gateway.policy.history_diff import HistoryTracker
+from boundedcode_gateway.policy.reasoning import REASONING_FIELD
 from boundedcode_gateway.policy.structured import requested_schema
-from boundedcode_gateway.providers.base import CallMetrics, RequestOptions, Upstream
+from boundedcode_gateway.providers.base import CallMetrics, Capabilities, RequestOptions, Upstream
 from boundedcode_gateway.providers.http import HttpClient, read_body
 from boundedcode_gateway.reasoning_store.keys import keys_for, text_of
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
@@ -46,7 +49,7 @@ class StreamAnswer:
 
 
 def _options(
-    body: dict[str, Any], capture_reasoning: bool, capture_content: bool
+    body: dict[str, Any], capture_reasoning: bool, capture_content: bool, capture_answer: bool
 ) -> RequestOptions:
     stream = body.get("stream") is True
     stream_options = body.get("stream_options")
@@ -59,6 +62,7 @@ def _options(
         return_progress=stream and body.get("return_progress") is True,
         capture_reasoning=capture_reasoning,
         capture_content=capture_content,
+        capture_answer=capture_answer,
     )
 
 
@@ -77,6 +81,8 @@ class GatewayService:
         self._writer = writer
         self._reasoning = reasoning
         self._history = HistoryTracker()
+        self._continuity = ContinuityTable()
+        self._keepers: dict[str, CacheKeeper] = {}
         # (profile, schema form) pairs whose upstream refused a schema
         self._schema_refused: set[tuple[str, str]] = set()
 
@@ -106,6 +112,27 @@ class GatewayService:
             meter.error(UpstreamFailure("internal error in the gateway", status=500))
             raise
 
+    @property
+    def keepers(self) -> dict[str, CacheKeeper]:
+        """The cache keepers made so far, by profile."""
+        return self._keepers
+
+    def keeper(self, upstream: Upstream) -> CacheKeeper | None:
+        """The cache keeper of a profile whose server's cache can be read (made on first use)."""
+        keeper = self._keepers.get(upstream.name)
+        if keeper is None:
+            server = upstream.cache_server()
+            if server is None:
+                return None
+            keeper = CacheKeeper(upstream.name, server, self._http, self._writer)
+            self._keepers[upstream.name] = keeper
+        return keeper
+
+    async def close(self) -> None:
+        """Stop the follow-ups still running (before the upstreams and the writer close)."""
+        for keeper in self._keepers.values():
+            await keeper.close()
+
     def structured_output_refused(self, upstream: Upstream) -> bool:
         """Whether this profile's upstream refused a schema in its form (for the process's life)."""
         return (upstream.name, upstream.schema_form) in self._schema_refused
@@ -118,14 +145,23 @@ class GatewayService:
         record.upstream_model = upstream.upstream_model
         record.changed = self._history.observe(ctx.task, ctx.purpose, body["messages"])
         caps = await upstream.capabilities()
+        keeper = self.keeper(upstream)
+        if keeper is not None:
+            keeper.call_started()
         schema = requested_schema(body)
         options = _options(
-            body, capture_reasoning=caps.reasoning_back, capture_content=schema is not None
+            body,
+            capture_reasoning=caps.reasoning_back,
+            capture_content=schema is not None,
+            capture_answer=keeper is not None,
         )
         record.stream = options.stream
         check_request(body, caps, upstream.name)
         task_reasoning = await self._reasoning.task(ctx.task)
         answered = text_of(body["messages"][-1].get("content"))
+        conversation = (ctx.task, ctx.purpose, upstream.name)
+        previous = self._continuity.previous(conversation) if keeper is not None else None
+        sent: list[bytes] = []  # the request the answer came from (the last one sent)
 
         def on_answer(metrics: CallMetrics) -> None:
             captured = metrics.captured
@@ -140,12 +176,15 @@ class GatewayService:
                     log.warning(
                         "model %s: the reply does not match the schema it was sent", upstream.name
                     )
+            if keeper is not None:
+                self._follow_cache(keeper, meter, previous, body, sent[-1], metrics, caps)
 
         def send_once(with_schema: bool) -> Awaitable[JsonAnswer | StreamAnswer]:
             prepared = upstream.prepare(
                 body, options, caps, ctx.call_id, task_reasoning, send_schema=with_schema
             )
             record.adjustments.update(prepared.adjustments)
+            sent.append(prepared.body)
             attempts = Attempts(self._http, upstream, prepared, record)
             return self._answer(meter, upstream, attempts, options, on_answer)
 
@@ -161,6 +200,45 @@ class GatewayService:
         if schema is None:
             return await send(False)
         return await self._send_with_schema(upstream, record, send)
+
+    def _follow_cache(
+        self,
+        keeper: CacheKeeper,
+        meter: Meter,
+        previous: PreviousCall | None,
+        body: dict[str, Any],
+        sent: bytes,
+        metrics: CallMetrics,
+        caps: Capabilities,
+    ) -> None:
+        """Name this call's cache miss, remember it for the next call of its conversation,
+        and hand the answer to the keeper."""
+        ctx, record = meter.ctx, meter.record
+        report = classify(previous, metrics.prompt_tokens, metrics.cached_tokens, record.changed)
+        if report is not None:
+            record.reusable_tokens = report.reusable_tokens
+            record.miss_cause = report.cause
+            record.miss_at = report.at
+        answer = metrics.answer_message
+        if metrics.prompt_tokens is None or metrics.completion_tokens is None or answer is None:
+            return
+        now = PreviousCall(metrics.prompt_tokens, metrics.completion_tokens, len(body["messages"]))
+        self._continuity.remember((ctx.task, ctx.purpose, record.model_profile), now)
+        had_reasoning = bool(answer.get(REASONING_FIELD))
+        if not caps.reasoning_back:
+            answer = {k: v for k, v in answer.items() if k != REASONING_FIELD}
+        keeper.answered(
+            AnsweredCall(
+                ctx.task,
+                ctx.purpose,
+                record.model_profile,
+                sent,
+                answer,
+                had_reasoning,
+                caps.reasoning_back,
+                now,
+            )
+        )
 
     async def _send_with_schema(
         self,
@@ -234,5 +312,6 @@ class GatewayService:
             attempts.log(200, None)
             on_success(metrics)
             meter.metrics(metrics)
+            meter.derive_ttft(metrics)
             meter.ok()
             return JsonAnswer(200, out)

@@ -51,7 +51,38 @@ def test_template_without_preserved_reasoning(
 ) -> None:
     upstreams.llama.supports_preserve_reasoning = False
     gw = start_gateway(upstreams.profiles)
-    assert models(gw)["local"]["capabilities"]["reasoning_back"] is False
+    caps = models(gw)["local"]["capabilities"]
+    assert caps["reasoning_back"] is False
+    # a reasoning model whose template drops earlier reasoning: said, with what to do
+    assert "supports_preserve_reasoning: false" in caps["reasoning_back_refusal"]
+    assert "reasoning_content" in caps["reasoning_back_refusal"]
+    # a setting that chose it gets no such note
+    gw = start_gateway({"local": {**upstreams.profiles["local"], "reasoning_history": "drop"}})
+    assert models(gw)["local"]["capabilities"]["reasoning_back_refusal"] is None
+
+
+@pytest.mark.parametrize("newline", [True, False])
+def test_budget_message_matches_a_template_with_a_newline_before_the_end(
+    upstreams: Upstreams, start_gateway: GatewayFactory, newline: bool
+) -> None:
+    """The fake's template writes "reasoning\n</think>": a forced end gets that newline."""
+    if not newline:
+        upstreams.llama.close_reasoning = "</think>\n\n"
+    gw = start_gateway(upstreams.profiles)
+    client = gw.client()
+    messages = [{"role": "user", "content": "hi"}]
+    client.chat.completions.create(
+        model="local", messages=messages, extra_body={"reasoning_budget_tokens": 10}
+    )
+    client.chat.completions.create(model="local", messages=messages)  # no budget
+    with_budget, without = (
+        r.body for r in upstreams.llama.requests if r.path.endswith("/completions")
+    )
+    sent = with_budget.get("reasoning_budget_message")
+    assert sent == ("\n" if newline else None)
+    assert "reasoning_budget_message" not in without
+    first = gw.calls()[0]
+    assert first["adjustments"].get("reasoning_budget_message") == sent
 
 
 @pytest.mark.parametrize(

@@ -91,8 +91,18 @@ def test_conversation_on_llama(gateway: Gateway, upstreams: Upstreams) -> None:
     assert (one["changed"], two["changed"], three["changed"]) == (-1, -1, 1)
     assert three["evaluated_tokens"] > two["evaluated_tokens"]
     assert not one["stream"] and four["stream"]
-    assert one["ttft_ms"] is None
-    assert 0 < four["ttft_ms"] <= four["total_ms"]
+    # a whole answer's TTFT comes from the server's timings, a stream's is measured
+    assert one["ttft_derived"] is True and one["ttft_ms"] is not None
+    assert four["ttft_derived"] is False and 0 < four["ttft_ms"] <= four["total_ms"]
+    # each miss named: the rewrite at message 1, nothing else missed
+    causes = [(c["miss_cause"], c["miss_at"]) for c in calls]
+    assert causes == [
+        ("first_call", None),
+        ("none", None),
+        ("history_rewrite", {"message": 1}),
+        ("none", None),
+    ]
+    assert two["reusable_tokens"] == one["prompt_tokens"] + one["completion_tokens"]
     assert four["changed"] == -1 and four["messages"] == 5
     usage = stream[-1].usage
     assert usage is not None and four["prompt_tokens"] == usage.prompt_tokens

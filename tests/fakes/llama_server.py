@@ -17,6 +17,8 @@ It must not sleep to fake timings: `timings` are computed from token counts and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -78,6 +80,7 @@ _TYPE_BY_STATUS = {
 }
 _HEALTH_PATHS = frozenset({"/health", "/v1/health"})
 _CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+_CACHE_PATHS = frozenset({"/slots", "/apply-template", "/tokenize", "/completion"})
 _TOOL_CHOICES = frozenset({"auto", "none", "required"})
 _REASONING_FORMATS = frozenset({"none", "auto", "deepseek", "deepseek-legacy"})
 _MMPROJ_HINT = (
@@ -172,6 +175,9 @@ class FakeLlamaServer:
         progress_batch: int = 64,
         tokens_per_chunk: int = 1,
         slot_prompt_similarity: float = 0.10,
+        split_rate: float = 0.0,
+        split_seed: int = 0,
+        slots_debug: bool = True,
     ) -> None:
         self.n_ctx = n_ctx
         self.total_slots = total_slots
@@ -188,7 +194,24 @@ class FakeLlamaServer:
         self.progress_batch = progress_batch
         self.tokens_per_chunk = tokens_per_chunk
         self.slot_prompt_similarity = slot_prompt_similarity
+        # The real model now and then samples a word as two tokens where the tokenizer
+        # would make one; the next prompt, tokenised canonically, stops matching there.
+        # Each generated word of 4+ characters is split with `split_rate` (seeded), and
+        # every word in `split_words` always is.
+        self.split_rate = split_rate
+        self.split_words: set[str] = set()
+        self._split_rng = random.Random(split_seed)
+        self.slot_info: list[JSON] = [{} for _ in range(total_slots)]
+        # LLAMA_SERVER_SLOTS_DEBUG=1: /slots shows each slot's prompt and generated text
+        self.slots_debug = slots_debug
+        # how the template (and so the model) closes a reasoning block
+        self.close_reasoning = "\n</think>\n\n"
+        # other clients of a shared server: /slots shows every slot processing
+        self.busy_elsewhere = False
+        # a `/completion` holds its slot this long (a long prompt being evaluated)
+        self.completion_delay_ms = 0.0
         self.requests = Recorder()
+        self.cache_requests = Recorder()
         self.replies: deque[Reply] = deque()
         self.prompts: list[str] = []
         self.slot_tokens: list[list[str]] = [[] for _ in range(total_slots)]
@@ -208,6 +231,7 @@ class FakeLlamaServer:
         """Forget every slot's cached tokens."""
         self.slot_tokens = [[] for _ in range(self.total_slots)]
         self._last_used = [-1] * self.total_slots
+        self.slot_info = [{} for _ in range(self.total_slots)]
 
     def caps(self) -> dict[str, bool]:
         """`chat_template_caps` as `/props` reports them."""
@@ -270,16 +294,34 @@ class FakeLlamaServer:
         if scope["type"] != "http":
             return
         req = await read_request(scope, receive)
-        self.requests.append(req.record())
+        # what the gateway's cache keeper asks is kept apart from the callers' traffic
+        kept_apart = req.path in _CACHE_PATHS
+        (self.cache_requests if kept_apart else self.requests).append(req.record())
         send, watcher = cancel_on_disconnect(receive, send)
         try:
-            await self._dispatch(req, send)
+            if kept_apart:
+                await self._until_gone(self._dispatch(req, send), watcher)
+            else:
+                await self._dispatch(req, send)
         except LlamaError as exc:
             await self._send(send, exc.status, exc.body)
         except ClientGone:
             pass
         finally:
             watcher.cancel()
+
+    @staticmethod
+    async def _until_gone(work: Awaitable[None], watcher: asyncio.Task[None]) -> None:
+        """Run ``work`` until it ends or its client leaves: the real server stops evaluating
+        a prompt whose client disconnected (between batches) and frees the slot."""
+        task = asyncio.ensure_future(work)
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return
+        await task
 
     async def _dispatch(self, req: HttpRequest, send: Send) -> None:
         # Order of the real pre-routing middleware: loading state, then API key, then routes.
@@ -301,6 +343,14 @@ class FakeLlamaServer:
             return self._models
         if req.method == "POST" and req.path in _CHAT_PATHS:
             return self._chat
+        if req.method == "GET" and req.path == "/slots":
+            return self._slots
+        if req.method == "POST" and req.path == "/apply-template":
+            return self._apply_template
+        if req.method == "POST" and req.path == "/tokenize":
+            return self._tokenize
+        if req.method == "POST" and req.path == "/completion":
+            return self._completion
         return None
 
     def _authorized(self, req: HttpRequest) -> bool:
@@ -464,7 +514,7 @@ class FakeLlamaServer:
             return f"<|im_start|>{role}\n{text}<|im_end|>\n"
         think = ""
         if keep_think:
-            think = f"<think>\n{msg.get('reasoning_content') or ''}\n</think>\n\n"
+            think = f"<think>\n{msg.get('reasoning_content') or ''}{self.close_reasoning}"
         calls = "".join(
             render_tool_call(
                 c.get("function", {}).get("name", ""), c.get("function", {}).get("arguments", "")
@@ -519,6 +569,8 @@ class FakeLlamaServer:
             self.slot_tokens = (self.slot_tokens + [[] for _ in range(n)])[:n]
         if len(self._last_used) != n:
             self._last_used = (self._last_used + [-1] * n)[:n]
+        if len(self.slot_info) != n:
+            self.slot_info = (self.slot_info + [{} for _ in range(n)])[:n]
 
     async def _acquire_slot(self, task: _ChatTask) -> int:
         # Busy slots defer the task (llama-server queues; it never answers 429/503 for load).
@@ -547,7 +599,9 @@ class FakeLlamaServer:
         if task.n_predict is not None:
             limit = min(limit, task.n_predict)
         gen = generate(self._segments(task, reply, calls), calls, reply, limit)
+        gen.tokens = self._sampled(gen.tokens)
         self.slot_tokens[slot] = prompt + gen.tokens
+        self._note_slot(slot, task.prompt, gen.tokens)
         self.prompts.append(task.prompt)
         return _Result(
             id="chatcmpl-" + random_alnum(32),
@@ -560,14 +614,93 @@ class FakeLlamaServer:
             timings=self._timings(cache_n, prompt_n, len(gen.tokens)),
         )
 
-    @staticmethod
-    def _segments(task: _ChatTask, reply: Reply, calls: list[ToolCall]) -> list[Segment]:
+    def _sampled(self, tokens: list[str]) -> list[str]:
+        """The canonical tokens as the model sampled them: some words split in two."""
+        if self.split_rate <= 0 and not self.split_words:
+            return tokens
+        out: list[str] = []
+        for token in tokens:
+            word = len(token) >= 4 and token.isalnum()
+            if word and (token in self.split_words or self._split_rng.random() < self.split_rate):
+                half = len(token) // 2
+                out += [token[:half], token[half:]]
+            else:
+                out.append(token)
+        return out
+
+    def _note_slot(self, slot: int, prompt: str, generated: list[str]) -> None:
+        self.slot_info[slot] = {"prompt": prompt, "generated": "".join(generated)}
+
+    # ------------------------------------------------------------------ other endpoints
+
+    async def _slots(self, req: HttpRequest, send: Send) -> None:
+        """`GET /slots`: each slot's last task, as the real server shows it."""
+        self._resize_slots()
+        out = []
+        for i, info in enumerate(self.slot_info):
+            busy = self.busy_elsewhere or i in self._busy
+            slot: JSON = {"id": i, "n_ctx": self.n_ctx, "is_processing": busy}
+            if info:
+                # as the real one: the slot's cached tokens, and n_decoded reset once idle
+                slot["n_prompt_tokens"] = len(self.slot_tokens[i])
+                slot["next_token"] = [{"has_next_token": False, "n_decoded": 0}]
+                if self.slots_debug:
+                    slot["prompt"] = info["prompt"]
+                    slot["generated"] = info["generated"]
+            out.append(slot)
+        await self._send(send, 200, out)
+
+    async def _apply_template(self, req: HttpRequest, send: Send) -> None:
+        """`POST /apply-template`: the prompt a chat request renders to."""
+        task = self._prepare(_parse_body(req))
+        await self._send(send, 200, {"prompt": task.prompt})
+
+    async def _tokenize(self, req: HttpRequest, send: Send) -> None:
+        body = _parse_body(req)
+        tokens = tokenize(str(body.get("content", "")))
+        if body.get("with_pieces") is True:
+            out: list[Any] = [{"id": i, "piece": t} for i, t in enumerate(tokens)]
+        else:
+            out = list(range(len(tokens)))
+        await self._send(send, 200, {"tokens": out})
+
+    async def _completion(self, req: HttpRequest, send: Send) -> None:
+        """`POST /completion` with a text prompt; only `n_predict: 0` (evaluate, no answer)."""
+        body = _parse_body(req)
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) or body.get("n_predict") != 0:
+            raise LlamaError(
+                400, "the fake serves /completion only for a text prompt and n_predict 0"
+            )
+        tokens = tokenize(prompt)
+        task = self._task(body, False, False, prompt, tokens)
+        slot = await self._acquire_slot(task)
+        try:
+            await sleep_ms(self.completion_delay_ms)
+            lcp = common_prefix_len(self.slot_tokens[slot], tokens) if task.cache_prompt else 0
+            cache_n = min(lcp, len(tokens) - 1)
+            self.slot_tokens[slot] = list(tokens)
+            self._note_slot(slot, prompt, [])
+            answer = {
+                "content": "",
+                "id_slot": slot,
+                "stop": True,
+                "tokens_predicted": 0,
+                "tokens_evaluated": len(tokens),
+                "tokens_cached": cache_n,
+                "timings": self._timings(cache_n, len(tokens) - cache_n, 0),
+            }
+            await self._send(send, 200, answer)
+        finally:
+            await self._release_slot(slot)
+
+    def _segments(self, task: _ChatTask, reply: Reply, calls: list[ToolCall]) -> list[Segment]:
         segments: list[Segment] = []
         if task.thinking and not task.prefill:
             segments += [
                 Segment("markup", "<think>\n"),
                 Segment("reasoning", reply.reasoning_content or ""),
-                Segment("markup", "\n</think>\n\n"),
+                Segment("markup", self.close_reasoning),
             ]
         segments.append(Segment("content", reply.content))
         for i, call in enumerate(calls):

@@ -9,6 +9,7 @@ drops reasoning_content from the history it sends back; the gateway restores it
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,13 +19,15 @@ from typing import Any
 import httpx
 import pytest
 
+from boundedcode_gateway.llama_server.flags import SLOTS_DEBUG_ENV
 from boundedcode_gateway.llama_server.launcher import free_port
 from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
+from boundedcode_gateway.policy.cache_misses import MISS_TOLERANCE_TOKENS
 from tests.e2e.conftest import Gateway
 from tests.integration.conftest import MODEL, TEMPLATES, start_real_gateway
 
 TURNS = 8
-BUDGET = {"reasoning_budget_tokens": 120, "max_tokens": 200, "temperature": 0.8, "seed": 7}
+BUDGET = {"reasoning_budget_tokens": 120, "max_tokens": 200, "temperature": 0.8}
 QUESTIONS = [
     "Explain step by step how a hash map stores a key.",
     "What happens on a collision?",
@@ -57,7 +60,9 @@ def run_server(*extra: str) -> Iterator[str]:
         "--no-webui",
         *extra,
     ]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # as a managed server runs: /slots shows the generated text, so misses can be named
+    env = {**os.environ, **SLOTS_DEBUG_ENV}
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -85,10 +90,19 @@ def server_without_preserve() -> Iterator[str]:
     yield from run_server("--no-reasoning-preserve")
 
 
+NO_REPAIR = {"cache_repair": False}
+
+
 def profiles(url: str) -> dict[str, Any]:
     return {
         "auto": {"provider": "local", "external_url": url},
-        "drop": {"provider": "local", "external_url": url, "reasoning_history": "drop"},
+        # without the repair, so that what dropping reasoning costs shows
+        "drop": {
+            "provider": "local",
+            "external_url": url,
+            "reasoning_history": "drop",
+            "server": NO_REPAIR,
+        },
     }
 
 
@@ -100,13 +114,17 @@ def converse(
     history: list[Any],
     keep_reasoning: bool,
     wrote: list[bool],
+    seed: int = 7,
 ) -> list[Any]:
     """Run ``turns`` as a caller does; return the history it would send next, and note in
-    ``wrote`` whether each answer came with reasoning."""
+    ``wrote`` whether each answer came with reasoning. Between turns the caller waits for
+    the gateway's follow-up of the answer, as an agent's tool time would let it finish."""
     client = gw.client(task=task)
     for i in turns:
         history = [*history, {"role": "user", "content": f"[{task}] {QUESTIONS[i]}"}]
-        reply = client.chat.completions.create(model=model, messages=history, extra_body=BUDGET)
+        reply = client.chat.completions.create(
+            model=model, messages=history, extra_body={**BUDGET, "seed": seed}
+        )
         message = reply.choices[0].message
         sent: dict[str, Any] = {"role": "assistant", "content": message.content or ""}
         reasoning = (message.model_extra or {}).get("reasoning_content")
@@ -114,11 +132,27 @@ def converse(
         if keep_reasoning and reasoning is not None:
             sent["reasoning_content"] = reasoning
         history.append(sent)
+        gw.settle()
     return history
 
 
+def task_calls(gw: Gateway, task: str, purpose: str = "agent_turn") -> list[dict[str, Any]]:
+    return [c for c in gw.calls() if c["task"] == task and c["purpose"] == purpose]
+
+
 def evaluated(gw: Gateway, task: str) -> list[int]:
-    return [c["evaluated_tokens"] for c in gw.calls() if c["task"] == task]
+    return [c["evaluated_tokens"] for c in task_calls(gw, task)]
+
+
+def assert_every_turn_cached(gw: Gateway, task: str, first: int = 1) -> None:
+    """Each turn from ``first`` on evaluated only its new tokens: its miss is ``none``, and
+    what it evaluated is the prompt less what the previous turn left reusable."""
+    calls = task_calls(gw, task)
+    for t, call in enumerate(calls[first:], start=first):
+        new = call["prompt_tokens"] - call["reusable_tokens"]
+        assert call["miss_cause"] == "none", (task, t, call)
+        assert call["evaluated_tokens"] <= new + MISS_TOLERANCE_TOKENS, (task, t, call)
+        assert call["evaluated_tokens"] < 60, (task, t, call)
 
 
 def test_reasoning_history_on_the_real_server(server: str, tmp_path: Path) -> None:
@@ -136,6 +170,8 @@ def test_reasoning_history_on_the_real_server(server: str, tmp_path: Path) -> No
     converse(gw2, "auto", "resumed", range(4, TURNS), history, False, wrote["resumed"])
     auto, drop = evaluated(gw2, "bounded-auto"), evaluated(gw2, "bounded-drop")
     direct, resumed = evaluated(gw2, "direct"), evaluated(gw2, "resumed")
+    repairs = task_calls(gw2, "bounded-auto", "cache_repair")
+    drop_calls = task_calls(gw2, "bounded-drop")
     gw2.stop()
 
     print("\nturn  auto  drop  ratio  direct  resumed  (* drop's previous answer had reasoning)")
@@ -147,17 +183,36 @@ def test_reasoning_history_on_the_real_server(server: str, tmp_path: Path) -> No
         )
     # the model kept reasoning wherever its history showed reasoning
     assert all(wrote["auto"]) and all(wrote["direct"]) and all(wrote["resumed"])
-    later = slice(1, TURNS)
-    # auto: each turn evaluates only the new question and the template's tail
-    assert max(auto[later]) < 60, auto
-    # drop: a turn after an answer with reasoning evaluates that answer again
-    dropped = [drop[t] for t in range(1, TURNS) if wrote["drop"][t - 1]]
-    assert dropped and min(dropped) > max(auto[later]) + 25, (auto, drop)
-    assert sum(drop[later]) > 2 * sum(auto[later]), (auto, drop)
-    # direct mode (keeps its own copy) and a resumed run behave like auto
-    assert sorted(direct[later])[3] <= sorted(auto[later])[3] + 10, (auto, direct)
-    assert sorted(resumed[later])[3] <= sorted(auto[later])[3] + 10, (auto, resumed)
-    assert resumed[4] < 60, resumed  # the first turn after the restart
+    # auto, direct mode (keeps its own copy) and a resumed run: every turn evaluates only
+    # the new question and the template's tail (the repair fixed any token split)
+    assert_every_turn_cached(gw2, "bounded-auto")
+    assert_every_turn_cached(gw2, "direct")
+    # the first turn after the restart knows no previous call, yet finds its cache
+    assert_every_turn_cached(gw2, "resumed", first=5)
+    assert resumed[4] < 60, resumed
+    # every answer got its repair, metered with what it evaluated
+    assert len(repairs) == TURNS and all(r["status"] == "ok" for r in repairs), repairs
+    assert all(r["evaluated_tokens"] is not None for r in repairs)
+    # drop, no repair: a turn after an answer with reasoning evaluates that answer again,
+    # and its miss is named
+    dropped = [drop_calls[t] for t in range(1, TURNS) if wrote["drop"][t - 1]]
+    assert dropped, drop
+    for call in dropped:
+        assert call["miss_cause"] == "reasoning_dropped", call
+        assert call["evaluated_tokens"] > max(auto[1:]) + 25, (auto, drop)
+    assert sum(drop[1:]) > 2 * sum(auto[1:]), (auto, drop)
+
+
+@pytest.mark.parametrize("seed", [11, 23, 42])
+def test_every_turn_is_cached_whatever_the_model_samples(
+    server: str, tmp_path: Path, seed: int
+) -> None:
+    """Other seeds, other samples: with the repair, no turn reads an earlier answer again."""
+    gw = start_real_gateway_external(tmp_path, server)
+    task = f"seed-{seed}"
+    converse(gw, "auto", task, range(TURNS), [], False, [], seed=seed)
+    assert_every_turn_cached(gw, task)
+    gw.stop()
 
 
 def start_real_gateway_external(data_dir: Path, url: str) -> Gateway:
@@ -168,21 +223,36 @@ def test_without_reasoning_preserve_only_the_current_turn_keeps_it(
     server: str, server_without_preserve: str, tmp_path: Path
 ) -> None:
     """`server.reasoning_preserve: false`: the prompt grows less, but every new question
-    changes how the previous turn renders, so the server reads that turn again."""
+    changes how the previous turn renders, so the server reads that turn again (named
+    ``template_render``); the repair reads it while the caller is away instead."""
     turns = range(5)
-    results: dict[str, tuple[list[int], list[int]]] = {}
-    for name, url in (("preserve", server), ("no-preserve", server_without_preserve)):
-        gw = start_real_gateway_external(tmp_path / name, url)
-        converse(gw, "auto", name, turns, [], False, [])
-        calls = [c for c in gw.calls() if c["task"] == name]
-        results[name] = (
-            [c["prompt_tokens"] for c in calls],
-            [c["evaluated_tokens"] for c in calls],
+    results: dict[str, list[dict[str, Any]]] = {}
+    runs = (
+        ("preserve", server, "unrepaired"),
+        ("no-preserve", server_without_preserve, "unrepaired"),
+        ("no-preserve-repaired", server_without_preserve, "auto"),
+    )
+    for name, url, model in runs:
+        gw = start_real_gateway(
+            tmp_path / name,
+            {**profiles(url), "unrepaired": {**profiles(url)["auto"], "server": NO_REPAIR}},
+            managed=False,
         )
+        converse(gw, model, name, turns, [], False, [])
+        results[name] = task_calls(gw, name)
         gw.stop()
-    kept_prompt, kept_eval = results["preserve"]
-    lean_prompt, lean_eval = results["no-preserve"]
-    print(f"\npreserve: prompt {kept_prompt} evaluated {kept_eval}")
-    print(f"no-preserve: prompt {lean_prompt} evaluated {lean_eval}")
-    assert lean_prompt[-1] < kept_prompt[-1]  # the earlier reasoning is no longer sent
-    assert sum(lean_eval[1:]) > 2 * sum(kept_eval[1:])  # the previous turn is read again
+    kept, lean, repaired = (results[n] for n, _, _ in runs)
+    for name, calls in results.items():
+        print(
+            f"\n{name}: prompt {[c['prompt_tokens'] for c in calls]} "
+            f"evaluated {[c['evaluated_tokens'] for c in calls]} "
+            f"miss {[c['miss_cause'] for c in calls]}"
+        )
+    assert lean[-1]["prompt_tokens"] < kept[-1]["prompt_tokens"]  # earlier reasoning not sent
+    # the previous turn is read again, and the log says why
+    assert sum(c["evaluated_tokens"] for c in lean[1:]) > 2 * sum(
+        c["evaluated_tokens"] for c in kept[1:]
+    )
+    assert [c["miss_cause"] for c in lean[1:]] == ["template_render"] * 4, lean
+    # with the repair, the caller no longer waits for it
+    assert [c["miss_cause"] for c in repaired[1:]] == ["none"] * 4, repaired

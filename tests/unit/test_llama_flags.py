@@ -9,7 +9,7 @@ import pytest
 from boundedcode_gateway.cli.main import main
 from boundedcode_gateway.config import ServerSettings, parse_config
 from boundedcode_gateway.errors import ConfigError
-from boundedcode_gateway.llama_server.flags import server_command
+from boundedcode_gateway.llama_server.flags import SLOTS_DEBUG_ENV, server_command
 from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
 
 BASE = (
@@ -35,7 +35,7 @@ def command(**keys: object) -> tuple[tuple[str, ...], dict[str, str]]:
 
 def test_unset_keys_add_nothing() -> None:
     argv, env = command()
-    assert argv == BASE and env == {}
+    assert argv == BASE and env == SLOTS_DEBUG_ENV
 
 
 @pytest.mark.parametrize(
@@ -57,13 +57,13 @@ def test_unset_keys_add_nothing() -> None:
 )
 def test_each_key_maps_to_its_flag(key: str, value: object, flags: list[str]) -> None:
     argv, env = command(**{key: value})
-    assert argv == (*BASE, *flags) and env == {}
+    assert argv == (*BASE, *flags) and env == SLOTS_DEBUG_ENV
 
 
 def test_op_offload_min_batch_goes_to_the_environment() -> None:
     argv, env = command(op_offload_min_batch=64)
     assert argv == BASE
-    assert env == {"GGML_OP_OFFLOAD_MIN_BATCH": "64"}
+    assert env == {**SLOTS_DEBUG_ENV, "GGML_OP_OFFLOAD_MIN_BATCH": "64"}
 
 
 PROFILE = """\
@@ -96,9 +96,12 @@ def test_bad_values_name_the_key(line: str, words: str) -> None:
 
 
 def test_server_settings_need_a_managed_server() -> None:
-    text = "models:\n  l:\n    provider: local\n    external_url: http://x\n    server: {}\n"
-    with pytest.raises(ConfigError, match="only to a managed server"):
-        parse_config(text)
+    head = "models:\n  l:\n    provider: local\n    external_url: http://x\n    server: "
+    with pytest.raises(ConfigError, match=r"only to a managed server .*: ctx_size"):
+        parse_config(head + "{ctx_size: 4096, cache_repair: false}\n")
+    # the cache repair is the one key a server the gateway does not run takes
+    profile = parse_config(head + "{cache_repair: false}\n").models["l"]
+    assert profile.server is not None and profile.server.cache_repair is False
 
 
 def test_model_from_a_package_and_missing_files(tmp_path: Path) -> None:
@@ -125,6 +128,6 @@ def test_print_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     )
     assert main(["llama-server", "local", "--print", "--config", str(config)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1] == "export GGML_OP_OFFLOAD_MIN_BATCH=16"
-    assert "llama-server --model " in out[2] and out[2].endswith("--cache-ram 0")
-    assert "--alias local --no-webui" in out[2]
+    assert out[1:3] == ["export LLAMA_SERVER_SLOTS_DEBUG=1", "export GGML_OP_OFFLOAD_MIN_BATCH=16"]
+    assert "llama-server --model " in out[3] and out[3].endswith("--cache-ram 0")
+    assert "--alias local --no-webui" in out[3]

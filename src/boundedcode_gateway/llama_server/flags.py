@@ -60,12 +60,18 @@ def settings_argv(settings: ServerSettings) -> list[str]:
     return argv
 
 
+# /slots then shows each slot's last prompt and generated text, which the cache keeper
+# compares with the next request's rendering to name a cache miss (docs/reasoning.md)
+SLOTS_DEBUG_ENV = {"LLAMA_SERVER_SLOTS_DEBUG": "1"}
+
+
 def settings_env(settings: ServerSettings) -> dict[str, str]:
-    return {
+    env = {
         var: str(getattr(settings, key))
         for key, var in ENV_KEYS
         if getattr(settings, key) is not None
     }
+    return {**SLOTS_DEBUG_ENV, **env}
 
 
 def server_command(

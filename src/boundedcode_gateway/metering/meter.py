@@ -83,6 +83,21 @@ class Meter:
     def cancelled(self) -> None:
         self._submit("error", CLIENT_CLOSED, "client_disconnected")
 
+    def abandoned(self) -> None:
+        """Work of the gateway's own that gave way to a caller's call."""
+        self._submit("error", CLIENT_CLOSED, "abandoned")
+
+    def derive_ttft(self, m: CallMetrics) -> None:
+        """A non-streamed answer's time to first token, from the server's own timings: the
+        time until now less decoding, plus one token's decode time."""
+        if self.record.ttft_ms is not None or m.decode_ms is None or not m.completion_tokens:
+            return
+        decode = m.decode_ms
+        self.record.ttft_ms = round(
+            max(0.0, self.ctx.elapsed_ms() - decode + decode / m.completion_tokens), 3
+        )
+        self.record.ttft_derived = True
+
     def _submit(self, status: str, http_status: int, code: str | None) -> None:
         if self._done:
             return

@@ -41,11 +41,19 @@ class CallRecord:
     # "sent", "dropped_after_rejection", "skipped_known_rejection"; None without a schema
     structured_output: str | None = None
     schema_valid: bool | None = None
+    # the cache: what the previous call of the conversation left reusable (its prompt and
+    # generated tokens), and why the prompt was not served from it (policy/cache_misses.py)
+    reusable_tokens: int | None = None
+    miss_cause: str | None = None
+    # true when ttft_ms comes from the server's own timings (a non-streamed answer)
+    ttft_derived: bool = False
     # call log only: each attempt's {"status", "code"}, in order
     attempt_log: list[dict[str, Any]] = field(default_factory=list)
     # call log only: what the adapter changed in the request on its own account
     # (a placeholder thought signature, a forced tool choice relaxed, reasoning replayed)
     adjustments: dict[str, Any] = field(default_factory=dict)
+    # call log only: where the prompt stopped matching ({"message", "char"}), where known
+    miss_at: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,5 +61,5 @@ class CallRecord:
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CallRecord))
 # the ledger keeps each call's final outcome; the per-attempt detail is in the call log
-CALL_LOG_ONLY = frozenset({"attempt_log", "adjustments"})
+CALL_LOG_ONLY = frozenset({"attempt_log", "adjustments", "miss_at"})
 LEDGER_FIELDS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f not in CALL_LOG_ONLY)

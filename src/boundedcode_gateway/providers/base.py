@@ -8,7 +8,7 @@ must not know any provider's wire format.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -31,6 +31,8 @@ class Capabilities:
     tools: bool = True
     vision: bool = True
     context_tokens: int | None = None
+    # why earlier reasoning cannot go back (a reasoning model whose template drops it)
+    reasoning_back_refusal: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -42,6 +44,7 @@ class Capabilities:
             "tools": self.tools,
             "vision": self.vision,
             "context_tokens": self.context_tokens,
+            "reasoning_back_refusal": self.reasoning_back_refusal,
         }
 
 
@@ -71,6 +74,8 @@ class CallMetrics:
     captured: CapturedReasoning | None = None
     # the answer's text, kept when a schema was sent (to check the reply against it)
     answer_text: str | None = None
+    # the whole answer as an assistant message, kept when asked (the cache keeper renders it)
+    answer_message: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +89,18 @@ class RequestOptions:
     capture_reasoning: bool = False
     # keep the answer's text (a schema was sent)
     capture_content: bool = False
+    # keep the whole answer as a message (content, reasoning, tool calls)
+    capture_answer: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CacheServer:
+    """A server whose slots, chat template and prompt cache the gateway can read and warm
+    (llama.cpp): where it listens and what to send it."""
+
+    root: Callable[[], str]
+    headers: Callable[[], dict[str, str]]
+    repair: bool
 
 
 @dataclass(slots=True)
@@ -176,6 +193,10 @@ class Upstream(Protocol):
         self, status: int, raw: bytes, headers: Mapping[str, str]
     ) -> GatewayError:
         """Map the provider's error answer to the gateway's error tree."""
+        ...
+
+    def cache_server(self) -> CacheServer | None:
+        """The server's cache to follow after each answer; None where it cannot be read."""
         ...
 
     async def close(self) -> None:

@@ -11,7 +11,7 @@ from typing import ClassVar
 from boundedcode_gateway.config import GatewayConfig, ModelProfile
 from boundedcode_gateway.errors import MissingApiKey
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
-from boundedcode_gateway.providers.base import Capabilities
+from boundedcode_gateway.providers.base import CacheServer, Capabilities
 from boundedcode_gateway.providers.http import HttpClient
 
 
@@ -48,6 +48,9 @@ class NativeUpstream:
 
     async def start(self) -> None:
         return None
+
+    def cache_server(self) -> CacheServer | None:
+        return None  # the provider's cache is its own; only its usage reports it
 
     async def close(self) -> None:
         return None

@@ -22,6 +22,7 @@ from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_m
 from boundedcode_gateway.policy.reasoning import REASONING_KIND, StoredReasoning
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.providers.base import (
+    CacheServer,
     CallMetrics,
     Capabilities,
     PreparedRequest,
@@ -40,12 +41,20 @@ from boundedcode_gateway.providers.openai_compat.profiles import (
     Dialect,
 )
 from boundedcode_gateway.providers.openai_compat.stream import OpenAIStreamTranslator
+from boundedcode_gateway.providers.openai_compat.template_checks import (
+    NEWLINE_BUDGET_MESSAGE,
+    PROBE_MESSAGES,
+    reasoning_back_refusal,
+    renders_newline_before_end,
+)
 from boundedcode_gateway.reasoning_store.store import TaskReasoning
 
 log = logging.getLogger(__name__)
 
 
-def capabilities_from_props(props: dict[str, Any], takes_reasoning: bool) -> Capabilities:
+def capabilities_from_props(
+    props: dict[str, Any], takes_reasoning: bool, refusal: str | None = None
+) -> Capabilities:
     """llama.cpp's capabilities, derived from its ``/props`` answer."""
     caps = props.get("chat_template_caps") or {}
     modalities = props.get("modalities") or {}
@@ -60,6 +69,7 @@ def capabilities_from_props(props: dict[str, Any], takes_reasoning: bool) -> Cap
         tools=bool(caps.get("supports_tools", True)),
         vision=bool(modalities.get("vision", False)),
         context_tokens=n_ctx if isinstance(n_ctx, int) else None,
+        reasoning_back_refusal=refusal,
     )
 
 
@@ -75,6 +85,8 @@ class OpenAICompatUpstream:
         self._http = http
         self._dialect: Dialect = DIALECT_BY_PROVIDER[profile.provider]
         self._template_preserves = False
+        # sent with a reasoning budget where the template writes "\n</think>"
+        self._budget_message: str | None = None
         self._caps: Capabilities | None = None
         self._caps_lock = asyncio.Lock()
         self.managed = _managed_server(name, profile, config, http)
@@ -156,7 +168,28 @@ class OpenAICompatUpstream:
             props["chat_template_caps"].get("supports_preserve_reasoning", False)
         )
         takes = self._dialect.takes_reasoning(self._setting, self._template_preserves)
-        return capabilities_from_props(props, takes)
+        refusal = None if takes else reasoning_back_refusal(props, self._template_preserves)
+        if refusal is not None and self._setting == "auto":
+            log.warning("model %s: earlier reasoning cannot go back: %s", self.name, refusal)
+        else:
+            refusal = None
+        await self._probe_template()
+        return capabilities_from_props(props, takes, refusal)
+
+    async def _probe_template(self) -> None:
+        """Render one probe conversation to see how the template closes reasoning."""
+        body = orjson.dumps({"messages": PROBE_MESSAGES})
+        headers = {"Content-Type": "application/json", **self._auth_headers()}
+        try:
+            url = self._server_root() + "/apply-template"
+            resp = await self._http.send("POST", url, headers, body, resend_safe=True)
+            raw = await read_body(resp)
+        except GatewayError as exc:
+            log.info("model %s: cannot render the template probe: %s", self.name, exc.message)
+            return
+        rendered = (_json_object(raw) or {}).get("prompt") if resp.status == 200 else None
+        if isinstance(rendered, str) and renders_newline_before_end(rendered):
+            self._budget_message = NEWLINE_BUDGET_MESSAGE
 
     def _auth_headers(self) -> dict[str, str]:
         key = self._profile.api_key()
@@ -200,6 +233,10 @@ class OpenAICompatUpstream:
             ),
             send_schema=send_schema,
         )
+        adjustments: dict[str, Any] = {}
+        if self._budget_message is not None and _needs_budget_message(out):
+            out["reasoning_budget_message"] = self._budget_message
+            adjustments["reasoning_budget_message"] = self._budget_message
         headers = {"Content-Type": "application/json", **self._auth_headers()}
         if options.stream:
             headers["Accept"] = "text/event-stream"
@@ -212,6 +249,7 @@ class OpenAICompatUpstream:
             stream=options.stream,
             resend_safe=self._dialect.idempotency_key,
             secrets=self._secrets(),
+            adjustments=adjustments,
         )
 
     def learn_from_refusal(self, status: int, message: str) -> bool:
@@ -222,13 +260,22 @@ class OpenAICompatUpstream:
 
     def from_response(self, raw: bytes, metrics: CallMetrics, options: RequestOptions) -> bytes:
         return from_openai_compat_response(
-            raw, metrics, options.capture_reasoning, options.capture_content
+            raw, metrics, options.capture_reasoning, options.capture_content, options.capture_answer
         )
 
     def error_from_response(
         self, status: int, raw: bytes, headers: Mapping[str, str]
     ) -> GatewayError:
         return error_from_openai_compat(status, raw, self._secrets())
+
+    def cache_server(self) -> CacheServer | None:
+        """The llama.cpp server's cache, once ``/props`` showed the server is llama.cpp."""
+        if self._dialect is not LLAMA_CPP:
+            return None
+        settings = self._profile.server
+        return CacheServer(
+            self._server_root, self._auth_headers, settings is None or settings.cache_repair
+        )
 
     async def close(self) -> None:
         if self.managed is not None:
@@ -250,6 +297,11 @@ def _managed_server(
 
     log_path = config.data_path / "llama-server" / f"{name}.log"
     return ManagedLlamaServer(name, command_for_port, log_path, settings.startup_timeout_s, http)
+
+
+def _needs_budget_message(body: dict[str, Any]) -> bool:
+    budget = body.get("reasoning_budget_tokens")
+    return isinstance(budget, int) and budget >= 0 and "reasoning_budget_message" not in body
 
 
 def _json_object(raw: bytes) -> dict[str, Any] | None:

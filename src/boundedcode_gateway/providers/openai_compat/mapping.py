@@ -209,8 +209,24 @@ def capture_from_message(message: Any) -> CapturedReasoning | None:
     )
 
 
+def answer_message(message: dict[str, Any]) -> dict[str, Any]:
+    """An answer as a caller sends it back: role, content, reasoning and tool calls only."""
+    out: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+    reasoning = message.get(REASONING_FIELD)
+    if isinstance(reasoning, str):
+        out[REASONING_FIELD] = reasoning
+    calls = message.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        out["tool_calls"] = calls
+    return out
+
+
 def from_openai_compat_response(
-    raw: bytes, metrics: CallMetrics, capture: bool = False, capture_content: bool = False
+    raw: bytes,
+    metrics: CallMetrics,
+    capture: bool = False,
+    capture_content: bool = False,
+    capture_answer: bool = False,
 ) -> bytes:
     """Check a non-streamed answer and measure it; the bytes go to the caller unchanged
     unless a tool call needed its id, type or arguments filled in."""
@@ -230,6 +246,8 @@ def from_openai_compat_response(
         metrics.captured = capture_from_message(message)
     if capture_content and isinstance(message, dict):
         metrics.answer_text = text_of(message.get("content"))
+    if capture_answer and isinstance(message, dict):
+        metrics.answer_message = answer_message(message)
     return orjson.dumps(obj) if changed else raw
 
 

@@ -28,14 +28,17 @@ _CONTENT_KEYS = ("content", "reasoning_content", "tool_calls", "refusal")
 
 
 class _AnswerText:
-    """The text, reasoning and tool-call ids of a streamed answer, for the reasoning store."""
+    """The text, reasoning and tool-call ids of a streamed answer, for the reasoning store
+    (and, when asked, its tool calls whole, for the cache keeper)."""
 
-    __slots__ = ("content", "ids", "reasoning")
+    __slots__ = ("calls", "content", "ids", "reasoning")
 
-    def __init__(self) -> None:
+    def __init__(self, whole_calls: bool = False) -> None:
         self.content: list[str] = []
         self.reasoning: list[str] | None = None
         self.ids: list[str] = []
+        # per tool-call index: id, name and argument fragments
+        self.calls: dict[int, list[str]] | None = {} if whole_calls else None
 
     def add(self, choice: dict[str, Any]) -> None:
         delta = choice.get("delta")
@@ -50,6 +53,38 @@ class _AnswerText:
         for call in delta.get("tool_calls") or ():
             if isinstance(call, dict) and isinstance(call.get("id"), str):
                 self.ids.append(call["id"])
+            if self.calls is not None and isinstance(call, dict):
+                self._add_call(call)
+
+    def _add_call(self, call: dict[str, Any]) -> None:
+        assert self.calls is not None
+        index = call.get("index", 0)
+        parts = self.calls.setdefault(index if isinstance(index, int) else 0, ["", ""])
+        function = call.get("function")
+        if not isinstance(function, dict):
+            function = {}
+        if isinstance(call.get("id"), str):
+            parts[0] = call["id"]
+        if isinstance(function.get("name"), str):
+            parts[1] += function["name"]
+        if isinstance(function.get("arguments"), str):
+            parts.append(function["arguments"])
+
+    def message(self) -> dict[str, Any]:
+        """The answer as a caller sends it back."""
+        out: dict[str, Any] = {"role": "assistant", "content": "".join(self.content)}
+        if self.reasoning is not None:
+            out["reasoning_content"] = "".join(self.reasoning)
+        if self.calls:
+            out["tool_calls"] = [
+                {
+                    "id": parts[0],
+                    "type": "function",
+                    "function": {"name": parts[1], "arguments": "".join(parts[2:]) or "{}"},
+                }
+                for _, parts in sorted(self.calls.items())
+            ]
+        return out
 
     def captured(self) -> CapturedReasoning | None:
         if self.reasoning is None:
@@ -66,7 +101,9 @@ class OpenAIStreamTranslator:
         "_capture",
         "_forward_progress",
         "_forward_usage",
+        "_keep_answer",
         "_keep_content",
+        "_keep_reasoning",
         "_secrets",
         "_tool_args",
         "content_started",
@@ -85,10 +122,11 @@ class OpenAIStreamTranslator:
         self._secrets = secrets
         # characters of arguments seen per tool-call index
         self._tool_args: dict[int, int] = {}
-        self._capture = (
-            _AnswerText() if options.capture_reasoning or options.capture_content else None
-        )
+        capture = options.capture_reasoning or options.capture_content or options.capture_answer
+        self._capture = _AnswerText(options.capture_answer) if capture else None
         self._keep_content = options.capture_content
+        self._keep_answer = options.capture_answer
+        self._keep_reasoning = options.capture_reasoning or options.capture_content
 
     def feed(self, event: str, data: bytes) -> Sequence[bytes]:
         """Consume one event; return the payloads to relay (the same bytes, or none)."""
@@ -124,9 +162,12 @@ class OpenAIStreamTranslator:
         if self._capture is not None:
             self._capture.add(choice)
             if self.finished:
-                self.metrics.captured = self._capture.captured()
+                if self._keep_reasoning:
+                    self.metrics.captured = self._capture.captured()
                 if self._keep_content:
                     self.metrics.answer_text = "".join(self._capture.content)
+                if self._keep_answer:
+                    self.metrics.answer_message = self._capture.message()
         if self.finished and any(n == 0 for n in self._tool_args.values()):
             return (self._empty_arguments_chunk(obj), data)
         return (data,)

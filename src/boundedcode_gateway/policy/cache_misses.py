@@ -1,0 +1,165 @@
+"""Why a call's prompt did not come from the server's cache: the call log's ``miss_cause``.
+
+Pure: it compares one call with the previous call of the same task, purpose and
+profile, and with what the server told about that previous answer afterwards
+(``AnswerEvidence``, gathered off the request path by the llama.cpp cache
+keeper). A cause that the evidence does not prove is ``server``; nothing here
+guesses.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Literal
+
+# Tokens a prompt may miss and still count as served from cache: llama.cpp always
+# evaluates the last prompt token again, and the end of the previous answer (its
+# end-of-turn token, which the server does not keep) is rendered anew by the template.
+MISS_TOLERANCE_TOKENS = 8
+
+MissCause = Literal[
+    "first_call",
+    "none",
+    "history_rewrite",
+    "reasoning_dropped",
+    "template_render",
+    "token_split",
+    "server",
+    "failover",
+]
+TextVerdict = Literal["match", "template_render", "reasoning_dropped", "unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerEvidence:
+    """What the server showed of one answer once it was done.
+
+    ``verdict`` compares the text the model generated (the server's slot) with the text
+    the next request renders for the same turn: ``match`` when the latter starts with
+    the former. ``answer_chars`` is where the answer's turn starts in that rendering;
+    ``token_ends`` the end offset (in characters, from ``answer_chars``) of each
+    canonical token of the rendering from the previous prompt's last token on, so a
+    token position can be named as a character.
+    """
+
+    verdict: TextVerdict
+    diverged_at: int | None = None  # characters into the answer's turn
+    token_ends: tuple[int, ...] = ()
+
+    def char_of_token(self, prompt_tokens: int, position: int) -> int | None:
+        """The character (from the answer's start) where the canonical token at ``position``
+        begins, ``prompt_tokens`` being the previous prompt's length in tokens."""
+        k = position - prompt_tokens
+        if k < 0 or k > len(self.token_ends):
+            return None
+        return 0 if k == 0 else self.token_ends[k - 1]
+
+
+@dataclass(slots=True)
+class PreviousCall:
+    """What the next call of a conversation is compared with."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    answer_index: int  # the answer's index in the next request's messages
+    # filled in after the answer by the cache keeper, where the server can tell
+    evidence: AnswerEvidence | None = None
+
+    @property
+    def reusable_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class MissReport:
+    reusable_tokens: int | None
+    cause: MissCause
+    at: dict[str, int] | None = None
+
+
+def classify(
+    previous: PreviousCall | None,
+    prompt_tokens: int | None,
+    cached_tokens: int | None,
+    changed: int | None,
+) -> MissReport | None:
+    """The miss report of one answered call; None when the server reports no cache."""
+    if prompt_tokens is None or cached_tokens is None:
+        return None
+    if previous is None:
+        return MissReport(None, "first_call")
+    reusable = min(previous.reusable_tokens, prompt_tokens)
+    if reusable - cached_tokens <= MISS_TOLERANCE_TOKENS:
+        return MissReport(reusable, "none")
+    if changed is not None and changed >= 0:
+        return MissReport(reusable, "history_rewrite", {"message": changed})
+    return MissReport(reusable, *_answer_cause(previous, cached_tokens))
+
+
+def _answer_cause(
+    previous: PreviousCall, cached_tokens: int
+) -> tuple[MissCause, dict[str, int] | None]:
+    """The history only grew: the miss is in the previous answer, or the server's doing."""
+    evidence = previous.evidence
+    # the previous prompt's last tokens may join the answer's first characters when the
+    # whole is tokenised anew, so a match ending just short of the answer is in it
+    start = previous.prompt_tokens - MISS_TOLERANCE_TOKENS
+    in_answer = start <= cached_tokens < previous.reusable_tokens
+    if evidence is None or not in_answer:
+        return "server", None
+    at = {"message": previous.answer_index}
+    if evidence.verdict in ("template_render", "reasoning_dropped"):
+        if evidence.diverged_at is not None:
+            at["char"] = evidence.diverged_at
+        return evidence.verdict, at
+    if evidence.verdict == "match":
+        char = evidence.char_of_token(previous.prompt_tokens, cached_tokens)
+        if char is not None:
+            at["char"] = char
+        return "token_split", at
+    return "server", None
+
+
+def common_prefix_length(a: str, b: str) -> int:
+    """Characters ``a`` and ``b`` share from the start."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def token_ends_after(pieces: list[str], start_chars: int) -> tuple[int, ...]:
+    """End offsets, relative to ``start_chars``, of the tokens that end after it."""
+    ends: list[int] = []
+    total = 0
+    for piece in pieces:
+        total += len(piece)
+        ends.append(total)
+    first = bisect_left(ends, start_chars + 1)
+    return tuple(e - start_chars for e in ends[first:])
+
+
+@dataclass(slots=True)
+class ContinuityTable:
+    """The previous call per (task, purpose, profile); a bounded LRU in memory."""
+
+    max_keys: int = 4096
+    _last: OrderedDict[tuple[str, str, str], PreviousCall] = field(default_factory=OrderedDict)
+
+    def previous(self, key: tuple[str, str, str]) -> PreviousCall | None:
+        return self._last.get(key)
+
+    def remember(self, key: tuple[str, str, str], call: PreviousCall) -> None:
+        self._last.pop(key, None)
+        self._last[key] = call
+        if len(self._last) > self.max_keys:
+            self._last.popitem(last=False)
