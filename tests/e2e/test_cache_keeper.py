@@ -80,7 +80,7 @@ def test_the_repair_evaluates_the_split_before_the_next_call(
     upstreams.llama.split_words = {"resizing"}
     gw = start(start_gateway, upstreams, repair=True)
     calls = converse(gw, upstreams, split_turns())
-    one, two = of(calls, "agent_turn")
+    _, two = of(calls, "agent_turn")
     repairs = of(calls, "cache_repair")
     assert two["miss_cause"] == "none"
     assert two["evaluated_tokens"] <= two["prompt_tokens"] - two["reusable_tokens"] + 8
@@ -115,7 +115,7 @@ def test_without_splits_the_repair_reads_only_the_tail(
 
 def test_dropped_reasoning_is_named(upstreams: Upstreams, start_gateway: GatewayFactory) -> None:
     gw = start(start_gateway, upstreams, repair=False, reasoning_history="drop")
-    one, two = converse(gw, upstreams, split_turns())
+    _, two = converse(gw, upstreams, split_turns())
     # the reasoning block's opening stays; its text is where the rendering departs
     at = {"message": 1, "char": len("<think>\n")}
     assert (two["miss_cause"], two["miss_at"]) == ("reasoning_dropped", at)
@@ -127,7 +127,7 @@ def test_a_template_that_renders_the_turn_anew_is_named(
     """Earlier turns lose their reasoning block once a new user message follows."""
     gw = start(start_gateway, upstreams, repair=False)
     kwargs = {"chat_template_kwargs": {"preserve_reasoning": False}}
-    one, two = converse(gw, upstreams, split_turns(), **kwargs)
+    _, two = converse(gw, upstreams, split_turns(), **kwargs)
     assert (two["miss_cause"], two["miss_at"]) == ("template_render", {"message": 1, "char": 0})
 
 
