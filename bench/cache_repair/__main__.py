@@ -33,6 +33,7 @@ import httpx
 import orjson
 import yaml
 
+from bench.cache_repair import token_exact
 from boundedcode_gateway.llama_server.flags import SLOTS_DEBUG_ENV
 from boundedcode_gateway.llama_server.launcher import free_port
 from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
@@ -214,6 +215,19 @@ def table(calls: list[dict[str, Any]], conversations: int, turns: int, repair: b
     return "\n".join(lines) + "\n\n" + summary
 
 
+def exact_table(evaluated: list[list[int]], turns: int) -> str:
+    head = "| conversation | " + " | ".join(f"turn {t + 1}" for t in range(turns)) + " |"
+    lines = [head, "|---" * (turns + 1) + "|"]
+    for n, row in enumerate(evaluated):
+        lines.append(f"| c{n + 1} ({TOPICS[n]}) | " + " | ".join(map(str, row)) + " |")
+    later = sorted(v for row in evaluated for v in row[1:])
+    summary = (
+        f"turns 2-{turns}: {len(later)}; prompt tokens evaluated: median "
+        f"{later[len(later) // 2]}, max {later[-1]}, total {sum(later)}"
+    )
+    return "\n".join(lines) + "\n\n" + summary
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     conversations = min(args.conversations, len(TOPICS))
@@ -224,10 +238,22 @@ def main(argv: list[str] | None = None) -> int:
             # a fresh server each time: no cache (slot or RAM) carries over
             with llama_server() as server:
                 results[repair] = measure(server, Path(tmp), repair, conversations, turns)
+        with llama_server() as server:
+            exact = [
+                token_exact.converse(
+                    server,
+                    [q.format(t=TOPICS[n]) for q in FOLLOW_UPS[:turns]],
+                    100 + n,
+                    BUDGET,
+                )
+                for n in range(conversations)
+            ]
     print("## Without the repair: prompt tokens each turn evaluated while the caller waited\n")
     print(table(results[False], conversations, turns, repair=False))
     print("\n## With the repair: waited / evaluated by the repair before that turn\n")
     print(table(results[True], conversations, turns, repair=True))
+    print("\n## Experiment: every prompt as token ids, sampled ids kept (no gateway)\n")
+    print(exact_table(exact, turns))
     return 0
 
 

@@ -204,6 +204,9 @@ class FakeLlamaServer:
         self.slot_info: list[JSON] = [{} for _ in range(total_slots)]
         # LLAMA_SERVER_SLOTS_DEBUG=1: /slots shows each slot's prompt and generated text
         self.slots_debug = slots_debug
+        # a template that writes an empty reasoning block when thinking is off (Qwen3's);
+        # False: a model that never reasons (SmolLM2's own template)
+        self.empty_think_when_off = True
         # how the template (and so the model) closes a reasoning block
         self.close_reasoning = "\n</think>\n\n"
         # other clients of a shared server: /slots shows every slot processing
@@ -503,7 +506,7 @@ class FakeLlamaServer:
         out.append("<|im_start|>assistant\n")
         if prefill:
             out.append(self._content(messages[-1].get("content")))
-        elif not thinking:
+        elif not thinking and self.empty_think_when_off:
             out.append("<think>\n\n</think>\n\n")
         return "".join(out)
 

@@ -186,3 +186,54 @@ def test_health_props_and_unknown_path(both: dict[str, str]) -> None:
     real, fake = each(both, lambda u: httpx.get(u + "/nowhere", timeout=10))
     assert real.status_code == fake.status_code == 404
     assert real.json() == fake.json()
+
+
+@pytest.fixture(scope="module")
+def plain_fake_url() -> Iterator[str]:
+    """A fake of a model that never reasons, as SmolLM2 with its reasoning template is
+    when it writes no <think>: the answer renders back as it was generated."""
+    fake = FakeLlamaServer(thinking=False, supports_tools=False, n_ctx=512, total_slots=2)
+    fake.empty_think_when_off = False
+    with serve_in_thread(fake.app) as srv:
+        yield srv.url
+
+
+def test_what_the_cache_keeper_reads_and_sends(real: Gateway, plain_fake_url: str) -> None:
+    """After an answer: /slots shows the prompt and generated text of the slot that served
+    it, /apply-template renders the conversation, /tokenize gives pieces, and a
+    /completion of the next rendering with n_predict 0 finds the whole answer cached
+    (no split when the temperature is 0 and the answer is short)."""
+    found: dict[str, dict[str, Any]] = {}
+    both = {"real": server_url(real, "smol"), "fake": plain_fake_url}
+    for name, url in both.items():
+        answer = post(url, {"messages": HELLO, "max_tokens": 8, "temperature": 0}).json()
+        message = answer["choices"][0]["message"]
+        prompt = httpx.post(url + "/apply-template", json={"messages": HELLO}).json()["prompt"]
+        slots = httpx.get(url + "/slots", timeout=10).json()
+        [slot] = [
+            s for s in slots if isinstance(s.get("prompt"), str) and s["prompt"].endswith(prompt)
+        ]
+        assert slot["is_processing"] is False
+        assert isinstance(slot["generated"], str) and slot["generated"]
+        assert (message["content"] or "")[:4] in slot["generated"]
+        following = [*HELLO, {"role": "assistant", "content": message["content"]}]
+        following.append({"role": "user", "content": "next"})
+        rendered = httpx.post(url + "/apply-template", json={"messages": following}).json()
+        text = rendered["prompt"][: rendered["prompt"].index("next")]
+        pieces = httpx.post(url + "/tokenize", json={"content": text, "with_pieces": True}).json()
+        assert all(isinstance(p["piece"], str | list) for p in pieces["tokens"])
+        body = {"prompt": text, "n_predict": 0, "cache_prompt": True}
+        repair = httpx.post(url + "/completion", json=body, timeout=60).json()
+        found[name] = {"answer": answer, "repair": repair, "slot": slot}
+    for side in found.values():
+        usage, repair = side["answer"]["usage"], side["repair"]
+        held = usage["prompt_tokens"] + usage["completion_tokens"]
+        # the same arithmetic on both: the slot held the prompt and the answer
+        assert repair["timings"]["cache_n"] >= held - 8, side
+        assert (
+            repair["tokens_evaluated"]
+            == repair["timings"]["cache_n"] + repair["timings"]["prompt_n"]
+        )
+    assert shape(found["real"]["repair"]["timings"]) == shape(found["fake"]["repair"]["timings"])
+    keys = {"tokens_evaluated", "timings", "content"}
+    assert keys <= set(found["real"]["repair"]) and keys <= set(found["fake"]["repair"])
