@@ -200,7 +200,6 @@ def test_reasoning_history_on_the_real_server(server: str, tmp_path: Path) -> No
     for call in dropped:
         assert call["miss_cause"] == "reasoning_dropped", call
         assert call["evaluated_tokens"] > max(auto[1:]) + 25, (auto, drop)
-    assert sum(drop[1:]) > 2 * sum(auto[1:]), (auto, drop)
 
 
 @pytest.mark.parametrize("seed", [11, 23, 42])
