@@ -135,8 +135,10 @@ class GatewayService:
                     captured.kind, keys, upstream.provider, upstream.name, captured.data
                 )
             if schema is not None and record.structured_output == structured.SENT:
-                record.schema_valid = structured.reply_matches(metrics.answer_text, schema.schema)
-                if not record.schema_valid:
+                record.schema_valid = structured.schema_verdict(
+                    metrics.answer_text, metrics.finish_reason, schema.schema
+                )
+                if record.schema_valid is False:
                     log.warning(
                         "model %s: the reply does not match the schema it was sent", upstream.name
                     )
