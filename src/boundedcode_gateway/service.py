@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from boundedcode_gateway.attempts import Attempts
-from boundedcode_gateway.errors import GatewayError, ModelNotFound, StreamBroken, UpstreamFailure
+from boundedcode_gateway.errors import (
+    GatewayError,
+    ModelNotFound,
+    StreamBroken,
+    UpstreamFailure,
+    internal_error,
+)
 from boundedcode_gateway.metering.meter import CallContext, Meter
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.metering.writer import MeterWriter
@@ -102,9 +108,10 @@ class GatewayService:
         except asyncio.CancelledError:
             meter.cancelled()
             raise
-        except Exception:
-            meter.error(UpstreamFailure("internal error in the gateway", status=500))
-            raise
+        except Exception as exc:
+            internal = internal_error(ctx.call_id)
+            meter.error(internal)
+            raise internal from exc
 
     def structured_output_refused(self, upstream: Upstream) -> bool:
         """Whether this profile's upstream refused a schema in its form (for the process's life)."""
