@@ -35,7 +35,7 @@ $(VENV)/.test: pyproject.toml $(VENV)/.local
 run: $(VENV)/.local
 	$(BIN)/boundedcode-gateway serve $(if $(CONFIG),--config $(CONFIG)) --host $(HOST) --port $(PORT)
 
-## test: install the test extras, then lint, type-check and run the whole suite
+## test: install the test extras, then lint, type-check and run the whole suite with its coverage floor
 test: $(VENV)/.test lint typecheck pytest
 
 lint: $(VENV)/.test
@@ -45,8 +45,13 @@ lint: $(VENV)/.test
 typecheck: $(VENV)/.test
 	$(BIN)/mypy
 
+# branch coverage of the gateway's own code over the whole suite, a little under what it
+# reaches, so a change that drops tested code fails CI
+COVERAGE_FLOOR := 90
+
 pytest: $(VENV)/.test
-	$(BIN)/pytest
+	$(BIN)/pytest --cov=boundedcode_gateway --cov-branch --cov-report=term:skip-covered \
+		--cov-fail-under=$(COVERAGE_FLOOR)
 
 # The overhead benchmark's peers live apart from the gateway's own environment: the
 # LiteLLM proxy and py-spy in $(BENCH_VENV), the Portkey gateway in bench/node_modules.
@@ -72,4 +77,4 @@ bench-cache-repair: $(VENV)/.test
 	$(BIN)/python -m bench.cache_repair $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) bench/node_modules .gateway .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) bench/node_modules .gateway .pytest_cache .mypy_cache .ruff_cache .coverage

@@ -11,6 +11,7 @@ The tree::
     ├── ModelNotFound             404 model_not_found
     ├── BodyTooLarge              413 request_too_large
     ├── MissingApiKey             500 missing_api_key
+    ├── InternalError             500 internal_error
     └── UpstreamFailure           status of the upstream (or 502)
         ├── UpstreamUnavailable   503 upstream_unavailable
         ├── UpstreamTimeout       504 upstream_timeout
@@ -22,9 +23,12 @@ The tree::
 
 from __future__ import annotations
 
+import logging
 from typing import Any, ClassVar
 
 import orjson
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(Exception):
@@ -105,6 +109,14 @@ class MissingApiKey(GatewayError):
     default_code = "missing_api_key"
 
 
+class InternalError(GatewayError):
+    """A fault inside the gateway itself (a bug), answered in OpenAI's shape like any other."""
+
+    status = 500
+    error_type = "server_error"
+    default_code = "internal_error"
+
+
 class UpstreamFailure(GatewayError):
     """The upstream answered with an error, or could not be used."""
 
@@ -128,6 +140,17 @@ class MalformedResponse(UpstreamFailure):
 
 class StreamBroken(UpstreamFailure):
     default_code = "upstream_stream_broken"
+
+
+def internal_error(where: str) -> InternalError:
+    """The answer to a fault of the gateway itself, with its traceback logged now.
+
+    Call it inside the ``except`` that caught the fault. The caller is told only
+    where to look (``where``: the call id, or the request line), never the fault's
+    own text, which may hold anything.
+    """
+    log.exception("internal error in %s", where)
+    return InternalError(f"The gateway failed on {where}; its log has the details")
 
 
 def redact(text: str, secrets: tuple[str, ...]) -> str:

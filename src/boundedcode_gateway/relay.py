@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 import orjson
 
 from boundedcode_gateway.attempts import Attempts
-from boundedcode_gateway.errors import GatewayError, StreamBroken
+from boundedcode_gateway.errors import GatewayError, StreamBroken, internal_error
 from boundedcode_gateway.metering.meter import Meter
 from boundedcode_gateway.providers.base import CallMetrics, RequestOptions, StreamTranslator
 from boundedcode_gateway.providers.http import UpstreamResponse, iter_body
@@ -182,6 +182,9 @@ class StreamRelay:
                 self._attempts.log(exc.http_status, exc.code)
                 yield self._fail(exc)
                 return
+            except Exception:
+                yield self._fail(internal_error(self._meter.ctx.call_id))
+                return
 
     async def _relay_current(self) -> AsyncIterator[bytes]:
         while await self._fill():
@@ -202,6 +205,8 @@ class StreamRelay:
         return discard_chunk(self._meter.ctx.call_id, self._meter.record.model_profile, reason)
 
     def _fail(self, exc: GatewayError) -> bytes:
+        # an answer that ends in an error is recorded as one, however far the upstream got
+        self._complete = False
         self._error = exc
         self.close()
         return encode_data(orjson.dumps(exc.to_body()))

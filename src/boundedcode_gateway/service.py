@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from boundedcode_gateway.attempts import Attempts
-from boundedcode_gateway.errors import GatewayError, ModelNotFound, StreamBroken, UpstreamFailure
+from boundedcode_gateway.errors import (
+    GatewayError,
+    ModelNotFound,
+    StreamBroken,
+    UpstreamFailure,
+    internal_error,
+)
 from boundedcode_gateway.llama_server.cache_keeper import AnsweredCall, CacheKeeper
 from boundedcode_gateway.metering.meter import CallContext, Meter
 from boundedcode_gateway.metering.records import CallRecord
@@ -108,9 +114,10 @@ class GatewayService:
         except asyncio.CancelledError:
             meter.cancelled()
             raise
-        except Exception:
-            meter.error(UpstreamFailure("internal error in the gateway", status=500))
-            raise
+        except Exception as exc:
+            internal = internal_error(ctx.call_id)
+            meter.error(internal)
+            raise internal from exc
 
     @property
     def keepers(self) -> dict[str, CacheKeeper]:
@@ -171,8 +178,10 @@ class GatewayService:
                     captured.kind, keys, upstream.provider, upstream.name, captured.data
                 )
             if schema is not None and record.structured_output == structured.SENT:
-                record.schema_valid = structured.reply_matches(metrics.answer_text, schema.schema)
-                if not record.schema_valid:
+                record.schema_valid = structured.schema_verdict(
+                    metrics.answer_text, metrics.finish_reason, schema.schema
+                )
+                if record.schema_valid is False:
                     log.warning(
                         "model %s: the reply does not match the schema it was sent", upstream.name
                     )

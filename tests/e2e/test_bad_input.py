@@ -14,7 +14,7 @@ import pytest
 from tests.e2e.conftest import OPENAI_KEY, Gateway, GatewayFactory, Upstreams
 from tests.fakes.common import Reply
 
-HELLO = [{"role": "user", "content": "hello"}]
+HELLO: list[Any] = [{"role": "user", "content": "hello"}]
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""GET /v1/models follows the spec's Capabilities table; requests needing what a model lacks
-get a clear 400."""
+"""GET /v1/models follows the Capabilities table of docs/providers.md; requests needing what
+a model lacks get a clear 400."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The spec's failure table, row by row, for every OpenAI-shaped upstream kind."""
+"""The failure table of docs/failures.md, row by row, for every OpenAI-shaped upstream kind."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import openai
 import orjson
 import pytest
 
+from boundedcode_gateway.policy.retry import BACKOFF_BASE_S
 from tests.e2e.conftest import Gateway, GatewayFactory, Upstreams
 from tests.e2e.test_sdk_each_kind import KINDS, Kind, fake_of
 from tests.fakes.common import Reply, parse_sse
@@ -475,17 +476,21 @@ def test_overflow_from_each_kind_is_context_length_exceeded(
 
 @pytest.mark.parametrize(
     "retry_after",
-    [{"retry-after": "0.3"}, {"retry-after-ms": "300"}],
+    [{"retry-after": "1"}, {"retry-after-ms": "1000"}],
     ids=["seconds", "ms"],
 )
 def test_429_waits_for_retry_after(
     gateway: Gateway, upstreams: Upstreams, retry_after: dict[str, str]
 ) -> None:
     upstreams.openai.queue(Reply(status=429, headers=retry_after), Reply(content="later"))
-    started = time.monotonic()
     reply = gateway.client().chat.completions.create(model="gpt", messages=HELLO)
     assert reply.choices[0].message.content == "later"
-    assert time.monotonic() - started >= 0.3
+    first, second = upstreams.openai.requests
+    gap = second.received - first.received
+    # the wait asked for, not the backoff (at most BACKOFF_BASE_S after a first attempt) ...
+    assert gap >= 1.0, gap
+    # ... and not the wait plus a backoff (at least 0.75 * BACKOFF_BASE_S)
+    assert gap < 1.0 + 0.75 * BACKOFF_BASE_S, gap
     assert gateway.calls()[0]["attempt_log"][0]["status"] == 429
 
 

@@ -13,6 +13,7 @@ from tests.fakes.common import Reply
 # LiteLLM fetches a price list over the network when imported unless told not to
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 import litellm
+from litellm.exceptions import ContextWindowExceededError
 
 
 def complete(gw: Gateway, model: str, messages: list[Any], **extra: Any) -> Any:
@@ -31,7 +32,7 @@ def test_litellm_reads_context_overflow(
 ) -> None:
     upstreams.llama.n_ctx = 16
     gw = start_gateway(upstreams.profiles)
-    with pytest.raises(litellm.ContextWindowExceededError):
+    with pytest.raises(ContextWindowExceededError):
         complete(gw, "local", [{"role": "user", "content": "word " * 60}])
 
 

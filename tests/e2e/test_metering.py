@@ -4,14 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import openai
 import pytest
+from openai.types.chat import (
+    ChatCompletionMessageParam,
+    ChatCompletionSystemMessageParam,
+    ChatCompletionUserMessageParam,
+)
 
 from boundedcode_gateway.metering.records import CALL_LOG_ONLY, RECORD_FIELDS
 from tests.e2e.conftest import Gateway, Upstreams
-from tests.fakes.common import Reply
+from tests.fakes.common import Reply, parse_sse
 
-SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 20}
+SYSTEM: ChatCompletionSystemMessageParam = {
+    "role": "system",
+    "content": "You are a careful coding agent. " * 20,
+}
 
 
 def timings_of(reply: Any) -> dict[str, Any]:
@@ -40,18 +49,25 @@ def test_conversation_on_llama(gateway: Gateway, upstreams: Upstreams) -> None:
         Reply(content="Streaming the last answer.", reasoning_content="Stream it."),
     )
     client = gateway.client(task="task-42")
-    user1 = {"role": "user", "content": "Fix the failing test in parser.py please."}
+    user1: ChatCompletionUserMessageParam = {
+        "role": "user",
+        "content": "Fix the failing test in parser.py please.",
+    }
     first = client.chat.completions.create(model="local", messages=[SYSTEM, user1])
-    answer1 = {
+    # the reasoning goes back as llama.cpp reads it, a field the SDK's types do not have
+    answer1: Any = {
         "role": "assistant",
         "content": first.choices[0].message.content,
-        "reasoning_content": first.choices[0].message.model_extra["reasoning_content"],
+        "reasoning_content": (first.choices[0].message.model_extra or {})["reasoning_content"],
     }
-    user2 = {"role": "user", "content": "Now run the tests."}
-    turn2 = [SYSTEM, user1, answer1, user2]
+    user2: ChatCompletionUserMessageParam = {"role": "user", "content": "Now run the tests."}
+    turn2: list[ChatCompletionMessageParam] = [SYSTEM, user1, answer1, user2]
     second = client.chat.completions.create(model="local", messages=turn2)
-    summary = {"role": "user", "content": "Summary: the parser test was fixed."}
-    turn3 = [SYSTEM, summary, user2]
+    summary: ChatCompletionUserMessageParam = {
+        "role": "user",
+        "content": "Summary: the parser test was fixed.",
+    }
+    turn3: list[ChatCompletionMessageParam] = [SYSTEM, summary, user2]
     third = client.chat.completions.create(model="local", messages=turn3)
     stream = list(
         gateway.client(task="task-42").chat.completions.create(
@@ -126,7 +142,10 @@ def test_ledger_row_equals_call_log_line(gateway: Gateway, upstreams: Upstreams)
 
 
 def test_openai_usage_details(gateway: Gateway, upstreams: Upstreams) -> None:
-    long_system = {"role": "system", "content": "Rules of the repository. " * 400}
+    long_system: ChatCompletionSystemMessageParam = {
+        "role": "system",
+        "content": "Rules of the repository. " * 400,
+    }
     upstreams.openai.queue(
         Reply(content="A.", reasoning_content="thinking " * 30),
         Reply(content="B.", reasoning_content="more " * 10),
@@ -152,13 +171,14 @@ def test_openai_usage_details(gateway: Gateway, upstreams: Upstreams) -> None:
     assert first["evaluated_tokens"] == first["prompt_tokens"]
     usage = reply.usage
     assert usage is not None and usage.prompt_tokens_details is not None
-    assert second["cached_tokens"] == usage.prompt_tokens_details.cached_tokens > 1000
+    cached = usage.prompt_tokens_details.cached_tokens
+    assert cached is not None and cached > 1000 and second["cached_tokens"] == cached
     assert second["evaluated_tokens"] == second["prompt_tokens"] - second["cached_tokens"]
     assert second["prefill_ms"] is None and second["decode_ms"] is None
 
 
 def test_purposes_are_diffed_apart(gateway: Gateway, upstreams: Upstreams) -> None:
-    msgs = [{"role": "user", "content": "one"}]
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "one"}]
     gateway.client(task="t", purpose="agent_turn").chat.completions.create(
         model="local", messages=msgs
     )
@@ -170,3 +190,51 @@ def test_purposes_are_diffed_apart(gateway: Gateway, upstreams: Upstreams) -> No
     )
     changed = [(c["purpose"], c["changed"]) for c in gateway.calls()]
     assert changed == [("agent_turn", -1), ("condenser", -1), ("agent_turn", 0)]
+
+
+# a prompt of several progress batches; each attempt of the stream below breaks after two
+# progress events, before any content and before usage
+LONG_PROMPT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "word " * 300}]
+BROKEN_AFTER_PROGRESS = Reply(content="never shown", break_after_chunks=2)
+
+
+def test_a_stream_broken_before_usage_is_metered_from_its_progress(
+    gateway: Gateway, upstreams: Upstreams
+) -> None:
+    upstreams.llama.queue(BROKEN_AFTER_PROGRESS, BROKEN_AFTER_PROGRESS)
+    broken = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        timeout=10,
+        json={"model": "local", "messages": LONG_PROMPT, "stream": True},
+    )
+    assert broken.status_code == 502
+    upstreams.llama.reset_cache()
+    whole = gateway.client().chat.completions.create(model="local", messages=LONG_PROMPT)
+    record, answered = gateway.calls()
+    assert record["error_code"] == "upstream_stream_broken" and record["attempts"] == 2
+    assert record["completion_tokens"] is None  # no usage ever arrived
+    # the prompt as the complete answer's usage counts it, known from the progress alone
+    assert whole.usage is not None and answered["prompt_tokens"] == whole.usage.prompt_tokens
+    assert record["prompt_tokens"] == whole.usage.prompt_tokens
+    assert record["cached_tokens"] is not None
+    assert record["evaluated_tokens"] == record["prompt_tokens"] - record["cached_tokens"]
+
+
+def test_progress_the_caller_saw_is_what_was_metered(
+    gateway: Gateway, upstreams: Upstreams
+) -> None:
+    upstreams.llama.queue(BROKEN_AFTER_PROGRESS, BROKEN_AFTER_PROGRESS)
+    resp = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        timeout=10,
+        json={"model": "local", "messages": LONG_PROMPT, "stream": True, "return_progress": True},
+    )
+    events = parse_sse(resp.content)
+    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+    assert len(progress) == 4  # two per attempt; the resend's come after a discard chunk
+    assert events[-1]["error"]["code"] == "upstream_stream_broken"
+    last = progress[-1]
+    record = gateway.calls()[0]
+    assert (record["prompt_tokens"], record["cached_tokens"]) == (last["total"], last["cache"])
+    assert record["evaluated_tokens"] == last["total"] - last["cache"]
+    assert record["completion_tokens"] is None

@@ -92,7 +92,9 @@ def test_restart_keeps_the_reasoning(upstreams: Upstreams, start_gateway: Gatewa
     app = create_app(parse_config(text))
     with serve_in_thread(app, lifespan="on") as server:
         second = Gateway(app, server, first.data_dir)
-        stripped = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in history]
+        stripped: list[Any] = [
+            {k: v for k, v in m.items() if k != "reasoning_content"} for m in history
+        ]
         upstreams.llama.queue(Reply(content="Next.", reasoning_content="More thoughts."))
         second.client(task="resumed").chat.completions.create(model="local", messages=stripped)
         restored = upstreams.llama.requests.last.body["messages"]

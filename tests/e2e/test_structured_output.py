@@ -115,6 +115,48 @@ def test_stream_reply_is_checked_too(gateway: Gateway, upstreams: Upstreams) -> 
     }
 
 
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    }
+]
+
+
+@pytest.mark.parametrize(("model", "stream"), [("gpt", False), ("local", True)])
+def test_a_tool_call_answer_has_no_reply_to_check(
+    gateway: Gateway,
+    upstreams: Upstreams,
+    caplog: pytest.LogCaptureFixture,
+    model: str,
+    stream: bool,
+) -> None:
+    fake = upstreams.openai if model == "gpt" else upstreams.llama
+    fake.queue(Reply(content="", tool_calls=[{"name": "lookup", "arguments": {"q": "x"}}]))
+    resp = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        timeout=10,
+        json={
+            "model": model,
+            "messages": ASK,
+            "tools": TOOLS,
+            "stream": stream,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": SCHEMA},
+            },
+        },
+    )
+    assert resp.status_code == 200 and "lookup" in resp.text
+    call = gateway.calls()[0]
+    assert call["finish_reason"] == "tool_calls"
+    assert call["structured_output"] == "sent" and call["schema_valid"] is None
+    assert "does not match the schema" not in caplog.text
+
+
 def test_no_schema_no_field(gateway: Gateway, upstreams: Upstreams) -> None:
     gateway.client().chat.completions.create(model="gpt", messages=ASK)
     call = gateway.calls()[0]

@@ -13,6 +13,7 @@ import asyncio
 import re
 import secrets
 import string
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -254,6 +255,8 @@ class RecordedRequest:
     headers: dict[str, str]
     body: Any
     raw_body: bytes
+    # when the whole request had arrived (time.monotonic), to measure waits between requests
+    received: float = field(default_factory=time.monotonic)
 
     def header(self, name: str, default: str | None = None) -> str | None:
         """Header value by case-insensitive name."""

@@ -1,6 +1,7 @@
 """A fake llama.cpp `llama-server` (single-model mode) as a raw ASGI app.
 
-Owns the wire behaviour described in shared/protocols.md §1: `/health`, `/props`,
+Owns the wire behaviour of the pinned llama-server (held to the real one by
+tests/integration/test_fake_parity.py): `/health`, `/props`,
 `/v1/models`, `/v1/chat/completions` (and `/chat/completions`), the error catalogue and
 bodies, `Server: llama.cpp` and `Connection: close` on every error, streaming order with
 `prompt_progress`, `usage` and `timings`, and the per-slot prompt cache.

@@ -1,6 +1,6 @@
 """A fake OpenAI Chat Completions API (and OpenAI-compatible clouds) as a raw ASGI app.
 
-Owns the wire behaviour of shared/protocols.md §2: Bearer auth with OpenAI's 401 body
+Owns the wire behaviour of OpenAI's API reference: Bearer auth with OpenAI's 401 body
 (key masked), unknown model 404, unknown top-level parameter 400, context overflow 400
 (`context_length_exceeded`), `usage` with OpenAI's details objects and a prefix prompt
 cache (≥ 1024 tokens, multiples of 128), streaming with `usage: null` on every chunk and a

@@ -20,13 +20,14 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, MutableMapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 
+# uvicorn hands every app a dict scope
 ASGIApp = Callable[
     [
-        MutableMapping[str, Any],
+        dict[str, Any],
         Callable[[], Awaitable[MutableMapping[str, Any]]],
         Callable[[MutableMapping[str, Any]], Awaitable[None]],
     ],
@@ -92,7 +93,7 @@ def serve_in_thread(
     *,
     timeout_keep_alive: int = 5,
     startup_timeout: float = 10.0,
-    lifespan: str = "off",
+    lifespan: Literal["auto", "on", "off"] = "off",
     http: Any = "httptools",
     tls: tuple[str, str] | None = None,
 ) -> RunningServer:

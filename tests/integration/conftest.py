@@ -1,7 +1,9 @@
 """The real pinned llama-server with SmolLM2-135M, started by the gateway itself.
 
 Nothing here skips: without llama-server or the model the tests fail, so a
-missing install step shows in CI.
+missing install step shows in CI. Every test in this folder runs the real server,
+and only these do: they carry the ``llama_server`` marker, so
+``pytest -m "not llama_server"`` is the suite on fakes alone.
 """
 
 from __future__ import annotations
@@ -46,6 +48,21 @@ PROFILES: dict[str, Any] = {
     },
     "tuned": {"provider": "local", "model_path": MODEL, "server": ALL_KEYS},
 }
+
+
+# a real server's start and a conversation of real generations take minutes, not seconds
+# (the reasoning-cache test took 15 minutes on a busy 2-core machine)
+REAL_SERVER_TIMEOUT_S = 1800
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in item.path.resolve().parents:
+            item.add_marker(pytest.mark.llama_server)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(REAL_SERVER_TIMEOUT_S))
 
 
 def start_real_gateway(data_dir: Path, profiles: dict[str, Any], managed: bool = True) -> Gateway:

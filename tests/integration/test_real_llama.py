@@ -41,7 +41,9 @@ def test_reasoning_reaches_a_template_that_renders_it(real: Gateway) -> None:
     with_reasoning = client.chat.completions.create(
         model="reasoner", messages=history, max_tokens=1
     )
-    stripped = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in history]
+    stripped: list[Any] = [
+        {k: v for k, v in m.items() if k != "reasoning_content"} for m in history
+    ]
     without = client.chat.completions.create(model="reasoner", messages=stripped, max_tokens=1)
     assert with_reasoning.usage is not None and without.usage is not None
     assert with_reasoning.usage.prompt_tokens > without.usage.prompt_tokens + 4
@@ -49,7 +51,7 @@ def test_reasoning_reaches_a_template_that_renders_it(real: Gateway) -> None:
 
 def test_conversation_is_metered_from_real_timings(real: Gateway) -> None:
     client = real.client(task="real-conversation")
-    system = {"role": "system", "content": "You answer briefly. " + "Context line. " * 150}
+    system: Any = {"role": "system", "content": "You answer briefly. " + "Context line. " * 150}
     first = client.chat.completions.create(
         model="smol", messages=[system, *QUESTION], max_tokens=24
     )

@@ -6,13 +6,14 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
 
 from tests.integration.conftest import MODEL, managed_pid, start_real_gateway
 
-HELLO = [{"role": "user", "content": "Say hello."}]
+HELLO: list[Any] = [{"role": "user", "content": "Say hello."}]
 
 
 def test_killed_server_is_restarted(tmp_path: Path) -> None:

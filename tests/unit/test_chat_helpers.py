@@ -1,8 +1,9 @@
-"""The chat client's progress line, in the spec's words."""
+"""The chat client's progress line, as docs/llama-server.md words it."""
 
 from __future__ import annotations
 
 import io
+from typing import Any
 
 from boundedcode_gateway.cli.chat import CLEAR_LINE, format_tokens, progress_line, show_answer
 
@@ -24,7 +25,7 @@ def test_progress_line_counts_new_tokens_only() -> None:
 
 def test_answer_replaces_the_progress_line() -> None:
     out = io.StringIO()
-    chunks = [
+    chunks: list[dict[str, Any]] = [
         {
             "choices": [{"delta": {"role": "assistant"}}],
             "prompt_progress": {"total": 3000, "cache": 0, "processed": 0, "time_ms": 0},

@@ -1,4 +1,5 @@
-"""Pin the fake upstreams' wire behaviour to shared/protocols.md (§1 llama-server, §2 OpenAI).
+"""Pin the fake upstreams' wire behaviour: llama-server's and OpenAI's, as the fakes' docstrings
+list it (tests/integration/test_fake_parity.py holds the llama fake to the real server).
 
 Every test talks HTTP to a fake served by `serve_in_thread`, with `http.client`, a raw
 socket, `aiohttp` or the `openai` SDK, so what is pinned is what a gateway would see.

@@ -1,4 +1,4 @@
-"""Profile ``server:`` keys → llama-server flags, exactly as the spec's table says."""
+"""Profile ``server:`` keys → llama-server flags, exactly as docs/llama-server.md's table says."""
 
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
-"""The replay file: persistence, a crash mid-write, concurrent appends."""
+"""The replay file: persistence, a crash mid-write, appends from several writers at once."""
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import threading
+from multiprocessing.synchronize import Barrier as BarrierType
 from pathlib import Path
 
 import orjson
@@ -40,22 +43,66 @@ async def test_partial_last_line_is_skipped(tmp_path: Path) -> None:
     assert again.find("reasoning_content", ["text:3"]) is not None
 
 
-async def test_concurrent_appends_do_not_interleave(tmp_path: Path) -> None:
-    store = ReasoningStore(tmp_path)
-    task = await store.task("busy")
-    long = "x" * 20_000
+LONG = "x" * 20_000  # each line far beyond one write buffer
+WRITERS = 4
+LINES_EACH = 300
 
-    async def one(i: int) -> None:
-        await asyncio.sleep(0)
-        task.keep("reasoning_content", [f"text:{i}"], "local", "p", f"{i}:{long}")
 
-    await asyncio.gather(*(one(i) for i in range(200)))
+def append_from_a_store_of_its_own(
+    data_dir: Path, writer: int, start: threading.Barrier | BarrierType
+) -> None:
+    """One writer: its own store (so its own appender thread) on the shared data folder,
+    as two gateways on one folder would be."""
+    store = ReasoningStore(data_dir)
+    task = asyncio.run(store.task("busy"))
+    start.wait(timeout=60)
+    for i in range(LINES_EACH):
+        task.keep("reasoning_content", [f"text:{writer}:{i}"], "local", "p", f"{writer}:{i}:{LONG}")
     store.close()
-    lines = (tmp_path / "tasks" / "busy" / "local-replay.jsonl").read_bytes().splitlines()
-    assert len(lines) == 200
-    assert sorted(int(orjson.loads(line)["data"].split(":")[0]) for line in lines) == list(
-        range(200)
-    )
+
+
+def assert_every_line_whole(data_dir: Path) -> None:
+    raw = (data_dir / "tasks" / "busy" / "local-replay.jsonl").read_bytes()
+    # A writer that opens the file while another's line is half on disk takes it for a
+    # line cut by a crash and starts afresh: an empty line, which readers skip. Every
+    # other line must be one writer's whole line.
+    lines = [line for line in raw.splitlines() if line]
+    written = sorted(tuple(orjson.loads(line)["data"].split(":")[:2]) for line in lines)
+    expected = sorted((str(w), str(i)) for w in range(WRITERS) for i in range(LINES_EACH))
+    assert written == expected
+    task = asyncio.run(ReasoningStore(data_dir).task("busy"))
+    for w in range(WRITERS):
+        for i in range(LINES_EACH):
+            item = task.find("reasoning_content", [f"text:{w}:{i}"])
+            assert item is not None and item.data == f"{w}:{i}:{LONG}"
+
+
+def test_appends_from_several_threads_do_not_interleave(tmp_path: Path) -> None:
+    start = threading.Barrier(WRITERS)
+    threads = [
+        threading.Thread(target=append_from_a_store_of_its_own, args=(tmp_path, w, start))
+        for w in range(WRITERS)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert_every_line_whole(tmp_path)
+
+
+def test_appends_from_several_processes_do_not_interleave(tmp_path: Path) -> None:
+    spawn = multiprocessing.get_context("spawn")
+    start = spawn.Barrier(WRITERS)
+    procs = [
+        spawn.Process(target=append_from_a_store_of_its_own, args=(tmp_path, w, start))
+        for w in range(WRITERS)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+    assert [proc.exitcode for proc in procs] == [0] * WRITERS
+    assert_every_line_whole(tmp_path)
 
 
 async def test_calls_without_a_task_share_the_default(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from boundedcode_gateway.policy.structured import (
     is_schema_rejection,
     reply_matches,
     requested_schema,
+    schema_verdict,
     strict_schema,
 )
 from boundedcode_gateway.providers.base import RequestOptions
@@ -169,6 +170,21 @@ def test_reply_check() -> None:
     assert not reply_matches(None, CONTRACT)
     # strict mode made "owner" nullable: a null there is the gateway's doing, not the model's
     assert reply_matches('{"summary": "s", "risk": "low", "steps": [], "owner": null}', CONTRACT)
+
+
+@pytest.mark.parametrize(
+    ("text", "finish", "verdict"),
+    [
+        ('{"summary": "s", "risk": "low", "steps": []}', "stop", True),
+        ("Sure! Here is the JSON:", "stop", False),
+        ('{"summary": "s", "risk": "low"', "length", False),  # cut short: checked, and fails
+        (None, "stop", False),  # no text where a reply was due
+        (None, "tool_calls", None),  # tool calls: the reply comes on a later turn
+        ("Let me look that up.", "tool_calls", None),
+    ],
+)
+def test_schema_verdict(text: str | None, finish: str, verdict: bool | None) -> None:
+    assert schema_verdict(text, finish, CONTRACT) is verdict
 
 
 names = st.lists(st.from_regex(r"[a-z]{1,8}", fullmatch=True), min_size=1, max_size=8, unique=True)

@@ -25,7 +25,7 @@ def format_tokens(n: int) -> str:
 
 
 def progress_line(progress: dict[str, Any]) -> str:
-    """The spec's words: new tokens are total minus cache, done are processed minus cache."""
+    """New tokens are total minus cache, done are processed minus cache (docs/llama-server.md)."""
     cache = int(progress.get("cache", 0))
     new = int(progress.get("total", 0)) - cache
     done = int(progress.get("processed", 0)) - cache

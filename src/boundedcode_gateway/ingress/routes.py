@@ -12,7 +12,13 @@ from typing import Any
 
 import orjson
 
-from boundedcode_gateway.errors import BodyTooLarge, GatewayError, InvalidRequest, ModelNotFound
+from boundedcode_gateway.errors import (
+    BodyTooLarge,
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    internal_error,
+)
 from boundedcode_gateway.ingress.render import (
     Receive,
     Send,
@@ -116,6 +122,9 @@ class Router:
             await send_error(send, exc, close=True)
         except GatewayError as exc:
             await send_error(send, exc)
+        except Exception:
+            # a fault outside a call's own handling (a chat call records its own)
+            await send_error(send, internal_error(f"{method} {path}"))
 
     async def _models(self) -> dict[str, Any]:
         names = list(self.service.upstreams)

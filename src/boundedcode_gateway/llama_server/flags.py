@@ -1,6 +1,6 @@
 """Model-profile ``server:`` keys → llama-server's command line and environment (pure).
 
-The spec's table, as data: each key maps to exactly one flag (or one variable of
+The table of docs/llama-server.md as data: each key maps to exactly one flag (or one variable of
 the server's environment); a key left unset adds nothing, so the server's own
 default holds.
 """

@@ -142,3 +142,13 @@ def reply_matches(text: str | None, schema: dict[str, Any]) -> bool:
     except orjson.JSONDecodeError:
         return False
     return _valid(value, schema) or _valid(value, strict_schema(schema))
+
+
+def schema_verdict(
+    text: str | None, finish_reason: str | None, schema: dict[str, Any]
+) -> bool | None:
+    """The call log's ``schema_valid``: whether the reply matches the schema, or None when
+    the answer is tool calls, which carry no reply to check (the reply comes on a later turn)."""
+    if finish_reason == "tool_calls":
+        return None
+    return reply_matches(text, schema)

@@ -124,7 +124,9 @@ def test_without_the_store_anthropic_refuses_the_turn(
     messages: list[Any] = [{"role": "user", "content": "read it"}]
     claude.fake.queue(AnthropicReply(tool_calls=[{"name": "read_file", "input": {"path": "a"}}]))
     first = client.chat.completions.create(model="claude", messages=messages, tools=TOOLS)
-    call = first.choices[0].message.tool_calls[0]
+    calls = first.choices[0].message.tool_calls
+    assert calls is not None
+    call = calls[0]
     messages += [
         _as_history(first.choices[0].message),
         {"role": "tool", "tool_call_id": call.id, "content": "x"},
@@ -177,7 +179,9 @@ def test_another_profiles_turn_gets_no_thinking(
     )
     messages: list[Any] = [{"role": "user", "content": "go"}]
     first = client.chat.completions.create(model="haiku", messages=messages, tools=TOOLS)
-    call = first.choices[0].message.tool_calls[0]
+    calls = first.choices[0].message.tool_calls
+    assert calls is not None
+    call = calls[0]
     history = _as_history(first.choices[0].message)
     history["reasoning_content"] = "a foreign model's reasoning"
     messages += [history, {"role": "user", "content": "now you"}]

@@ -20,7 +20,7 @@ from tests.fakes.common import Reply
 from tests.fakes.gemini_api import MISSING_SIGNATURE, PLACEHOLDER
 from tests.fakes.server import serve_in_thread
 
-TOOLS = [
+TOOLS: list[Any] = [
     {
         "type": "function",
         "function": {
@@ -149,7 +149,7 @@ def test_the_fake_refuses_an_unsigned_step(gem: GeminiSetup, start_gateway: Gate
     gw = start_gateway(gem.profiles)
     gem.gemini.queue(LOOP[3])
     client = gw.client(task="bare")
-    ask = [{"role": "user", "content": "Go"}]
+    ask: list[Any] = [{"role": "user", "content": "Go"}]
     message = client.chat.completions.create(model="gem", messages=ask, tools=TOOLS)
     history = [*ask, as_caller_keeps(message.choices[0].message)]
     call_id = history[-1]["tool_calls"][0]["id"]

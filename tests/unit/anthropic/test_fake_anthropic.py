@@ -95,7 +95,7 @@ def test_the_fake_enforces_the_thinking_rules(
         {
             "role": "user",
             "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": "r"}],
-        },  # type: ignore[union-attr]
+        },
     ]
     with pytest.raises(
         anthropic.BadRequestError, match="Expected `thinking` or `redacted_thinking`"

@@ -45,7 +45,7 @@ HISTORY: list[Any] = [
     {"role": "tool", "tool_call_id": "c1", "content": "zoomed"},
     {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "cropped"}]},
 ]
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
         "function": {

@@ -53,7 +53,7 @@ def test_apply_to_parts_skips_slots_the_turn_lacks() -> None:
 
 
 def content(role: str, *kinds: str) -> dict[str, Any]:
-    parts = {
+    parts: dict[str, dict[str, Any]] = {
         "text": {"text": "x"},
         "call": {"functionCall": {"name": "f", "args": {}}},
         "result": {"functionResponse": {"name": "f", "response": {}}},

@@ -22,7 +22,7 @@ from boundedcode_gateway.providers.upstream_errors import error_from_text, upstr
 THINKING_KIND = "anthropic_thinking"
 THINKING_TYPES = ("thinking", "redacted_thinking")
 
-# protocols: a gateway convention, no vendor defines it
+# the gateway's own convention, no vendor defines it (docs/providers.md, Anthropic)
 FINISH_BY_STOP_REASON = {
     "end_turn": "stop",
     "stop_sequence": "stop",

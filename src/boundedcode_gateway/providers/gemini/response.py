@@ -66,7 +66,7 @@ def _count(usage: dict[str, Any], key: str) -> int:
 
 
 def read_usage(usage: Any, metrics: CallMetrics) -> None:
-    """Fill token counts from ``usageMetadata`` (protocols Appendix A)."""
+    """Fill token counts from ``usageMetadata``, as docs/providers.md (Gemini) maps them."""
     if not isinstance(usage, dict):
         return
     metrics.prompt_tokens = _count(usage, "promptTokenCount") + _count(
