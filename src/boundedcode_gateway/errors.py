@@ -15,7 +15,8 @@ The tree::
         ├── UpstreamUnavailable   503 upstream_unavailable
         ├── UpstreamTimeout       504 upstream_timeout
         ├── MalformedResponse     502 malformed_response
-        └── StreamBroken          502 upstream_stream_broken
+        ├── StreamBroken          502 upstream_stream_broken
+        └── ProxyRefused          502 proxy_refused
 
 ``ConfigError`` is separate: it stops start-up and never reaches a caller.
 """
@@ -128,6 +129,12 @@ class MalformedResponse(UpstreamFailure):
 
 class StreamBroken(UpstreamFailure):
     default_code = "upstream_stream_broken"
+
+
+class ProxyRefused(UpstreamFailure):
+    """The HTTP proxy would not carry the request (CONNECT refused, 407); never resent."""
+
+    default_code = "proxy_refused"
 
 
 def redact(text: str, secrets: tuple[str, ...]) -> str:
