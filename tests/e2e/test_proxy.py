@@ -190,6 +190,21 @@ def test_no_proxy_hosts_and_loopback_are_reached_directly(
     assert setup.proxy.seen == []  # NO_PROXY's .direct… entry, and 127.0.0.1 always
 
 
+def test_an_upstream_the_proxy_cannot_reach_is_unavailable(
+    setup: Setup, start_gateway: GatewayFactory
+) -> None:
+    models = dict(setup.models)
+    models["nowhere"] = {**models["gpt"], "base_url": f"https://nowhere.{DOMAIN}:9/v1"}
+    gw = start_gateway(models)
+    answer = chat(gw, "nowhere")  # the proxy answers its CONNECT with 502
+    assert answer.status_code == 503, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "upstream_unavailable"
+    assert f"through the proxy 127.0.0.1:{setup.proxy.port}" in error["message"]
+    assert "502" in error["message"]
+    assert gw.calls()[-1]["attempts"] == 2  # resent once, as a refused connection is
+
+
 @pytest.mark.parametrize("status", [407, 403])
 def test_a_proxy_that_refuses_is_a_named_error_and_the_gateway_keeps_serving(
     setup: Setup, start_gateway: GatewayFactory, status: int

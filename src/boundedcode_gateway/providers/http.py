@@ -438,8 +438,12 @@ async def _tunnel(
     try:
         raw.write(connect_request(host, port, proxy))
         status_line = (await answer.head).split(b"\r\n", 1)[0].decode("latin-1")
-        if status_line.split(" ", 2)[1:2] != ["200"]:
-            raise _refused(proxy, ("https", host, port), status_line.partition(" ")[2])
+        status, said = status_line.split(" ", 2)[1:2], status_line.partition(" ")[2]
+        if status != ["200"]:
+            if said.startswith("4"):  # 407, 403: the proxy will not carry this request
+                raise _refused(proxy, ("https", host, port), said)
+            # 502, 504: the proxy could not reach the upstream, as a refused connection
+            raise ConnectionError(f"the proxy answered {said or status_line}")
         proto = _Protocol(loop)
         # TLS inside the tunnel, verified for (and SNI naming) the upstream, not the proxy
         transport = await loop.start_tls(raw, proto, context, server_hostname=host)
