@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 from boundedcode_gateway.config import GatewayConfig
@@ -13,6 +14,7 @@ from boundedcode_gateway.ingress.routes import Router
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.providers.base import Upstream
 from boundedcode_gateway.providers.http import HttpClient, Timeouts
+from boundedcode_gateway.providers.proxy import ProxySettings
 from boundedcode_gateway.providers.registry import build_upstreams
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.service import GatewayService
@@ -25,8 +27,12 @@ class GatewayApp:
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
+        proxies = ProxySettings.from_environ(os.environ)
+        if proxies.describe():
+            log.info("proxy: %s", proxies.describe())
         self.http = HttpClient(
-            Timeouts(config.inference.connect_timeout_s, config.inference.read_timeout_s)
+            Timeouts(config.inference.connect_timeout_s, config.inference.read_timeout_s),
+            proxies,
         )
         self.upstreams: dict[str, Upstream] = build_upstreams(config, self.http)
         self.writer = MeterWriter(config.calls_path, config.ledger_path, enabled=config.metering)

@@ -16,7 +16,8 @@ The tree::
         ├── UpstreamUnavailable   503 upstream_unavailable
         ├── UpstreamTimeout       504 upstream_timeout
         ├── MalformedResponse     502 malformed_response
-        └── StreamBroken          502 upstream_stream_broken
+        ├── StreamBroken          502 upstream_stream_broken
+        └── ProxyRefused          502 proxy_refused
 
 ``ConfigError`` is separate: it stops start-up and never reaches a caller.
 """
@@ -151,6 +152,12 @@ def internal_error(where: str) -> InternalError:
     """
     log.exception("internal error in %s", where)
     return InternalError(f"The gateway failed on {where}; its log has the details")
+
+
+class ProxyRefused(UpstreamFailure):
+    """The HTTP proxy would not carry the request (CONNECT refused, 407); never resent."""
+
+    default_code = "proxy_refused"
 
 
 def redact(text: str, secrets: tuple[str, ...]) -> str:

@@ -10,7 +10,11 @@ from boundedcode_gateway.cli.main import main
 from boundedcode_gateway.config import ServerSettings, parse_config
 from boundedcode_gateway.errors import ConfigError
 from boundedcode_gateway.llama_server.flags import SLOTS_DEBUG_ENV, server_command
-from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
+from boundedcode_gateway.llama_server.locate import (
+    find_llama_server,
+    resolve_model_path,
+    resolve_server_files,
+)
 
 BASE = (
     "llama-server",
@@ -111,6 +115,33 @@ def test_model_from_a_package_and_missing_files(tmp_path: Path) -> None:
         resolve_model_path("pkg:no_such_pkg/x.gguf", "models.x.model_path")
     with pytest.raises(ConfigError, match=r"models\.x\.model_path: no model file"):
         resolve_model_path(str(tmp_path / "absent.gguf"), "models.x.model_path")
+
+
+def test_a_chat_template_from_a_package_becomes_its_path(tmp_path: Path) -> None:
+    shipped = "pkg:boundedcode_gateway/templates/smollm2_tools.jinja"
+    settings = resolve_server_files(ServerSettings(chat_template_file=shipped), "models.l.server")
+    path = Path(str(settings.chat_template_file))
+    assert path.is_file() and path.name == "smollm2_tools.jinja"
+    own = tmp_path / "t.jinja"
+    own.write_text("{{ messages }}")
+    kept = resolve_server_files(ServerSettings(chat_template_file=str(own)), "s")
+    assert kept.chat_template_file == str(own)
+    assert resolve_server_files(ServerSettings(), "s") == ServerSettings()
+    with pytest.raises(ConfigError, match=r"models\.l\.server\.chat_template_file: no chat"):
+        resolve_server_files(
+            ServerSettings(chat_template_file=str(tmp_path / "no")), "models.l.server"
+        )
+
+
+def test_the_embedded_default_runs_the_shipped_tool_template(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./gateway.yaml here: the embedded default is used
+    monkeypatch.delenv("BOUNDEDCODE_GATEWAY_CONFIG", raising=False)
+    assert main(["llama-server", "local", "--print"]) == 0
+    argv = capsys.readouterr().out.splitlines()[-1].split()
+    template = Path(argv[argv.index("--chat-template-file") + 1])
+    assert template.is_file() and template.name == "smollm2_tools.jinja"
 
 
 def test_llama_server_binary() -> None:

@@ -226,6 +226,16 @@ def test_llama_context_overflow_becomes_context_length_exceeded() -> None:
     assert body["message"].startswith("request (5000 tokens) exceeds")
 
 
+def test_an_unlisted_overflow_wording_is_recognised_on_a_400_only() -> None:
+    # the upstream's status reaches the fallback: the same words at 500 stay a 500
+    raw = orjson.dumps(
+        {"error": {"message": "prompt token count of 9000 exceeds the limit of 8192"}}
+    )
+    assert isinstance(error_from_openai_compat(400, raw, ()), ContextLengthExceeded)
+    other = error_from_openai_compat(500, raw, ())
+    assert not isinstance(other, ContextLengthExceeded) and other.http_status == 500
+
+
 def test_openai_error_keeps_status_type_code_and_hides_the_key() -> None:
     raw = orjson.dumps(
         {

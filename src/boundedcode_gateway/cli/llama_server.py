@@ -8,7 +8,11 @@ from boundedcode_gateway.config import GatewayConfig, ServerSettings
 from boundedcode_gateway.errors import ConfigError
 from boundedcode_gateway.llama_server.flags import ServerCommand, server_command
 from boundedcode_gateway.llama_server.launcher import free_port
-from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
+from boundedcode_gateway.llama_server.locate import (
+    find_llama_server,
+    resolve_model_path,
+    resolve_server_files,
+)
 
 
 def command_for(config: GatewayConfig, name: str, port: int) -> ServerCommand:
@@ -20,7 +24,8 @@ def command_for(config: GatewayConfig, name: str, port: int) -> ServerCommand:
         raise ConfigError(f"models.{name}: not a managed server (it has no 'model_path')")
     model = resolve_model_path(profile.model_path, f"models.{name}.model_path")
     binary = find_llama_server(config.llama_server_bin)
-    return server_command(binary, str(model), port, name, profile.server or ServerSettings())
+    settings = resolve_server_files(profile.server or ServerSettings(), f"models.{name}.server")
+    return server_command(binary, str(model), port, name, settings)
 
 
 def run_print(config: GatewayConfig, name: str) -> int:

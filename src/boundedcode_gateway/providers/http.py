@@ -1,7 +1,9 @@
 """The one shared HTTP client for every upstream, and the mapping of transport errors.
 
-Owns connection pooling and timeouts. It must not know any provider's payloads:
-it moves bytes and turns transport failures into the gateway's error tree.
+Owns connection pooling, timeouts and the way to each upstream origin (directly,
+or through the HTTP proxy the environment names: see ``proxy.py``). It must not know
+any provider's payloads: it moves bytes and turns transport failures into the
+gateway's error tree.
 
 A small HTTP/1.1 client of its own (an asyncio protocol with httptools parsing)
 rather than aiohttp's: the gateway sends one kind of request (a POST or GET with a
@@ -20,12 +22,18 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import cast
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from boundedcode_gateway.errors import StreamBroken, UpstreamTimeout, UpstreamUnavailable
+from boundedcode_gateway.errors import (
+    ProxyRefused,
+    StreamBroken,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from boundedcode_gateway.providers.proxy import Proxy, ProxySettings, connect_request
 
 # llama-server closes idle kept-alive connections after 5 s (cpp-httplib's default);
 # a pooled connection older than that would be reset under the next request.
@@ -35,6 +43,8 @@ POOL_IDLE_TIMEOUT_S = 4.0
 STALE_CONNECTION_TRIES = 3
 # a streamed body buffered beyond this (a slow caller) pauses reading the upstream
 _HIGH_WATER = 1 << 20
+# a proxy's answer to CONNECT larger than this is not an answer
+_CONNECT_ANSWER_LIMIT = 16 << 10
 _USER_AGENT = "boundedcode-gateway"
 
 
@@ -270,9 +280,12 @@ _PoolKey = tuple[str, str, int]  # scheme, host, port
 class HttpClient:
     """Pooled keep-alive connections to the upstreams; created inside the running event loop."""
 
-    def __init__(self, timeouts: Timeouts) -> None:
+    def __init__(self, timeouts: Timeouts, proxies: ProxySettings | None = None) -> None:
         self._timeouts = timeouts
+        self._proxies = proxies or ProxySettings()
         self._idle: dict[_PoolKey, list[_Protocol]] = {}
+        # the way to each origin, decided on its first request: a proxy, or None (direct)
+        self._routes: dict[_PoolKey, Proxy | None] = {}
         self._ssl: ssl.SSLContext | None = None
         self._closed = False
 
@@ -293,7 +306,14 @@ class HttpClient:
         proto.idle_since = time.monotonic()
         self._idle.setdefault(key, []).append(proto)
 
-    async def _connect(self, key: _PoolKey) -> _Protocol:
+    def _route(self, key: _PoolKey) -> Proxy | None:
+        try:
+            return self._routes[key]
+        except KeyError:
+            route = self._routes[key] = self._proxies.proxy_for(*key)
+            return route
+
+    async def _connect(self, key: _PoolKey, proxy: Proxy | None) -> _Protocol:
         scheme, host, port = key
         loop = asyncio.get_running_loop()
         context: ssl.SSLContext | None = None
@@ -301,16 +321,24 @@ class HttpClient:
             if self._ssl is None:
                 self._ssl = ssl.create_default_context()
             context = self._ssl
+        via = f" through the proxy {proxy.address} ({proxy.variable})" if proxy else ""
         try:
             async with asyncio.timeout(self._timeouts.connect_s):
-                _, proto = await loop.create_connection(
-                    lambda: _Protocol(loop), host, port, ssl=context
-                )
+                if proxy is None:
+                    _, proto = await loop.create_connection(
+                        lambda: _Protocol(loop), host, port, ssl=context
+                    )
+                elif context is None:  # plain HTTP: absolute-form requests to the proxy
+                    _, proto = await loop.create_connection(
+                        lambda: _Protocol(loop), proxy.host, proxy.port
+                    )
+                else:
+                    proto = await _tunnel(loop, proxy, host, port, context)
         except TimeoutError as exc:
-            raise UpstreamTimeout("the upstream did not answer in time") from exc
+            raise UpstreamTimeout(f"the upstream did not answer in time{via}") from exc
         except OSError as exc:
             raise UpstreamUnavailable(
-                f"cannot connect to the upstream: {exc}", retryable=True
+                f"cannot connect to the upstream{via}: {exc}", retryable=True
             ) from exc
         return proto
 
@@ -328,10 +356,15 @@ class HttpClient:
         A connection the server closed before answering is replaced and the request
         resent, when ``resend_safe`` (the upstream takes an idempotency key, or it is a GET).
         """
-        key, request = _request_bytes(method, url, headers, body)
+        parts = urlsplit(url)
+        key = _pool_key(parts)
+        proxy = self._route(key)
+        # through a proxy a plain-HTTP request names its whole URL (absolute form)
+        forward = proxy if proxy is not None and key[0] == "http" else None
+        request = _request_bytes(method, parts, key, headers, body, forward)
         tries = STALE_CONNECTION_TRIES if resend_safe else 1
         for attempt in range(1, tries + 1):
-            proto = self._take_idle(key) or await self._connect(key)
+            proto = self._take_idle(key) or await self._connect(key, proxy)
             try:
                 proto.start(request)
                 while not proto.headers_done:
@@ -354,6 +387,9 @@ class HttpClient:
             except BaseException:
                 proto.close()  # cancelled mid-exchange: the connection is in an unknown state
                 raise
+            if forward is not None and proto.status == 407:
+                proto.close()
+                raise _refused(forward, key, "407 Proxy Authentication Required")
             return UpstreamResponse(self, key, proto, self._timeouts.read_s)
         raise AssertionError("unreachable")
 
@@ -365,18 +401,91 @@ class HttpClient:
         self._idle.clear()
 
 
-def _request_bytes(
-    method: str, url: str, headers: dict[str, str], body: bytes | None
-) -> tuple[_PoolKey, bytes]:
-    parts = urlsplit(url)
+class _ConnectAnswer(asyncio.Protocol):
+    """Reads a proxy's answer to CONNECT; the same connection then carries the tunnel."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.head: asyncio.Future[bytes] = loop.create_future()
+        self.transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.head.done():
+            return
+        self._buffer += data
+        end = self._buffer.find(b"\r\n\r\n")
+        if end >= 0 and self.transport is not None:
+            self.transport.pause_reading()  # what follows is TLS, read by the TLS layer
+            self.head.set_result(bytes(self._buffer[:end]))
+        elif len(self._buffer) > _CONNECT_ANSWER_LIMIT:
+            self.head.set_exception(ConnectionError("the proxy's answer to CONNECT is too long"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.head.done():
+            self.head.set_exception(
+                ConnectionError("the proxy closed the connection before answering CONNECT")
+            )
+
+
+async def _tunnel(
+    loop: asyncio.AbstractEventLoop, proxy: Proxy, host: str, port: int, context: ssl.SSLContext
+) -> _Protocol:
+    """A TLS connection to ``host:port`` inside a CONNECT tunnel through ``proxy``."""
+    raw, answer = await loop.create_connection(lambda: _ConnectAnswer(loop), proxy.host, proxy.port)
+    try:
+        raw.write(connect_request(host, port, proxy))
+        status_line = (await answer.head).split(b"\r\n", 1)[0].decode("latin-1")
+        status, said = status_line.split(" ", 2)[1:2], status_line.partition(" ")[2]
+        if status != ["200"]:
+            if said.startswith("4"):  # 407, 403: the proxy will not carry this request
+                raise _refused(proxy, ("https", host, port), said)
+            # 502, 504: the proxy could not reach the upstream, as a refused connection
+            raise ConnectionError(f"the proxy answered {said or status_line}")
+        proto = _Protocol(loop)
+        # TLS inside the tunnel, verified for (and SNI naming) the upstream, not the proxy
+        transport = await loop.start_tls(raw, proto, context, server_hostname=host)
+        if transport is None:
+            raise ConnectionError("the TLS handshake inside the proxy tunnel did not complete")
+        proto.connection_made(transport)
+        return proto
+    except BaseException:
+        raw.close()
+        raise
+
+
+def _refused(proxy: Proxy, key: _PoolKey, answer: str) -> ProxyRefused:
+    _, host, port = key
+    hint = f" (check the credentials in {proxy.variable})" if answer.startswith("407") else ""
+    return ProxyRefused(
+        f"the proxy {proxy.address} ({proxy.variable}) refused to reach {host}:{port}: "
+        f"{answer}{hint}"
+    )
+
+
+def _pool_key(parts: SplitResult) -> _PoolKey:
     scheme = parts.scheme or "http"
-    host = parts.hostname or ""
-    port = parts.port or (443 if scheme == "https" else 80)
+    return scheme, parts.hostname or "", parts.port or (443 if scheme == "https" else 80)
+
+
+def _request_bytes(
+    method: str,
+    parts: SplitResult,
+    key: _PoolKey,
+    headers: dict[str, str],
+    body: bytes | None,
+    proxy: Proxy | None,
+) -> bytes:
+    scheme, host, port = key
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     default_port = (scheme == "https" and port == 443) or (scheme == "http" and port == 80)
     host_header = host if default_port else f"{host}:{port}"
     if ":" in host and not host.startswith("["):
         host_header = f"[{host}]" if default_port else f"[{host}]:{port}"
+    if proxy is not None:
+        target = f"{scheme}://{host_header}{target}"
     lines = [f"{method} {target} HTTP/1.1", f"Host: {host_header}"]
     given = {k.lower() for k in headers}
     if "user-agent" not in given:
@@ -384,10 +493,12 @@ def _request_bytes(
     if "accept" not in given:
         lines.append("Accept: */*")
     lines.extend(f"{k}: {v}" for k, v in headers.items())
+    if proxy is not None and proxy.authorization is not None:
+        lines.append(f"Proxy-Authorization: {proxy.authorization}")
     if body is not None or method in ("POST", "PUT", "PATCH"):
         lines.append(f"Content-Length: {len(body or b'')}")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return (scheme, host, port), head + body if body else head
+    return head + body if body else head
 
 
 async def read_body(resp: UpstreamResponse) -> bytes:

@@ -30,7 +30,7 @@ def upstream_error(
 ) -> GatewayError:
     """The gateway error for an upstream's error answer, in OpenAI's shape."""
     message = redact(message, secrets)
-    if is_context_overflow(message, error_type, code):
+    if is_context_overflow(message, error_type, code, status):
         return ContextLengthExceeded(message, param="messages")
     return UpstreamFailure(
         message,

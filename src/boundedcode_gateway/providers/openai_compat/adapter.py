@@ -18,7 +18,11 @@ from boundedcode_gateway.config import GatewayConfig, ModelProfile, ServerSettin
 from boundedcode_gateway.errors import GatewayError, MissingApiKey
 from boundedcode_gateway.llama_server.flags import ServerCommand, server_command
 from boundedcode_gateway.llama_server.launcher import ManagedLlamaServer
-from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
+from boundedcode_gateway.llama_server.locate import (
+    find_llama_server,
+    resolve_model_path,
+    resolve_server_files,
+)
 from boundedcode_gateway.policy.reasoning import REASONING_KIND, StoredReasoning
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.providers.base import (
@@ -290,7 +294,7 @@ def _managed_server(
         return None
     binary = find_llama_server(config.llama_server_bin)
     model = str(resolve_model_path(profile.model_path, f"models.{name}.model_path"))
-    settings = profile.server or ServerSettings()
+    settings = resolve_server_files(profile.server or ServerSettings(), f"models.{name}.server")
 
     def command_for_port(port: int) -> ServerCommand:
         return server_command(binary, model, port, name, settings)
