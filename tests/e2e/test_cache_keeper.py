@@ -126,8 +126,8 @@ def test_a_template_that_renders_the_turn_anew_is_named(
 ) -> None:
     """Earlier turns lose their reasoning block once a new user message follows."""
     gw = start(start_gateway, upstreams, repair=False)
-    kwargs = {"chat_template_kwargs": {"preserve_reasoning": False}}
-    _, two = converse(gw, upstreams, split_turns(), **kwargs)
+    kwargs = {"preserve_reasoning": False}
+    _, two = converse(gw, upstreams, split_turns(), chat_template_kwargs=kwargs)
     assert (two["miss_cause"], two["miss_at"]) == ("template_render", {"message": 1, "char": 0})
 
 

@@ -70,7 +70,7 @@ def test_budget_message_matches_a_template_with_a_newline_before_the_end(
         upstreams.llama.close_reasoning = "</think>\n\n"
     gw = start_gateway(upstreams.profiles)
     client = gw.client()
-    messages = [{"role": "user", "content": "hi"}]
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
     client.chat.completions.create(
         model="local", messages=messages, extra_body={"reasoning_budget_tokens": 10}
     )

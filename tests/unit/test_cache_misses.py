@@ -16,6 +16,7 @@ from boundedcode_gateway.policy.cache_misses import (
     MISS_TOLERANCE_TOKENS,
     AnswerEvidence,
     PreviousCall,
+    TextVerdict,
     classify,
     common_prefix_length,
     token_ends_after,
@@ -75,8 +76,9 @@ def test_a_miss_before_the_answer_is_the_servers() -> None:
 
 
 def test_template_and_dropped_reasoning_carry_their_offset() -> None:
-    for verdict in ("template_render", "reasoning_dropped"):
-        evidence = AnswerEvidence(verdict, diverged_at=5)  # type: ignore[arg-type]
+    verdicts: tuple[TextVerdict, ...] = ("template_render", "reasoning_dropped")
+    for verdict in verdicts:
+        evidence = AnswerEvidence(verdict, diverged_at=5)
         report = classify(previous(evidence), 170, 101, -1)
         assert report is not None
         assert (report.cause, report.at) == (verdict, {"message": 3, "char": 5})

@@ -284,7 +284,7 @@ def test_a_wording_is_found_inside_a_proxys_wrapping(prefix: str, suffix: str, i
     assert is_context_overflow(f"{prefix}{message}{suffix}", None, None)
 
 
-@given(message=st.text(alphabet=st.characters(blacklist_categories=("Nd",)), max_size=200))
+@given(message=st.text(alphabet=st.characters(exclude_categories=["Nd"]), max_size=200))
 def test_the_fallback_needs_a_number(message: str) -> None:
     # "a number of tokens present": without a digit only the table can decide
     table = any(p.search(message) for _, p in KNOWN_WORDINGS)
