@@ -2,19 +2,21 @@
 
 Holds the caller's status until the first content-bearing event, so an error
 before it is a real HTTP error; after it, errors become an in-stream error
-object. A stream that breaks (no finish reason, no ``[DONE]``) is sent once
-more: before content silently, after content behind a discard chunk.
+object. A stream that breaks (no finish reason, no ``[DONE]``) before any
+content is sent once more, silently. After content, only a caller that
+declared it understands the discard event gets the discard chunk and the
+answer again; any other caller gets the in-stream error, never a second answer.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 import orjson
 
 from boundedcode_gateway.attempts import Attempts
+from boundedcode_gateway.discard import discard_chunk
 from boundedcode_gateway.errors import GatewayError, StreamBroken
 from boundedcode_gateway.metering.meter import Meter
 from boundedcode_gateway.providers.base import CallMetrics, RequestOptions, StreamTranslator
@@ -23,20 +25,6 @@ from boundedcode_gateway.wire.sse import DONE_EVENT, SSEDecoder, SSEEvent, encod
 
 # a broken stream is sent once more; a second break is final
 BROKEN_STREAM_RESENDS = 1
-
-
-def discard_chunk(call_id: str, model: str, reason: str) -> bytes:
-    """The stream extension telling the caller to drop what it showed of this answer."""
-    return orjson.dumps(
-        {
-            "id": call_id,
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": model,
-            "choices": [],
-            "boundedcode": {"event": "discard", "reason": reason},
-        }
-    )
 
 
 class StreamRelay:
@@ -162,26 +150,39 @@ class StreamRelay:
         return b"".join(held)
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The rest of the stream, resent once behind a discard chunk if it breaks."""
+        """The rest of the stream; a break is answered as the module says."""
         while True:
             try:
                 async for out in self._relay_current():
                     yield out
                 return
             except StreamBroken as exc:
-                final: GatewayError = exc
                 try:
-                    if await self._resend_after_break(exc):
-                        yield encode_data(self._discard(exc.message))
-                        continue
+                    first = await self._answer_again(exc)
                 except GatewayError as reopen_error:
-                    final = reopen_error
-                yield self._fail(final)
-                return
+                    yield self._fail(reopen_error)
+                    return
+                if first is None:
+                    yield self._fail(exc)
+                    return
+                if first:
+                    yield first
             except GatewayError as exc:
                 self._attempts.log(exc.http_status, exc.code)
                 yield self._fail(exc)
                 return
+
+    async def _answer_again(self, exc: StreamBroken) -> bytes | None:
+        """After a break: reopen, and return what the caller gets first (the discard chunk,
+        or nothing when it saw no content); None when this caller cannot be answered again."""
+        shown = self._translator.content_started
+        if shown and not self._options.understands_discard:
+            # a second answer would be glued to the first by a caller that cannot drop it
+            self._attempts.log(exc.http_status, exc.code)
+            return None
+        if not await self._resend_after_break(exc):
+            return None
+        return encode_data(self._discard(exc.message)) if shown else b""
 
     async def _relay_current(self) -> AsyncIterator[bytes]:
         while await self._fill():

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from boundedcode_gateway import discard
 from boundedcode_gateway.attempts import Attempts
 from boundedcode_gateway.errors import GatewayError, ModelNotFound, StreamBroken, UpstreamFailure
 from boundedcode_gateway.metering.meter import CallContext, Meter
@@ -46,7 +47,7 @@ class StreamAnswer:
 
 
 def _options(
-    body: dict[str, Any], capture_reasoning: bool, capture_content: bool
+    body: dict[str, Any], discard_header: bool, capture_reasoning: bool, capture_content: bool
 ) -> RequestOptions:
     stream = body.get("stream") is True
     stream_options = body.get("stream_options")
@@ -59,6 +60,7 @@ def _options(
         return_progress=stream and body.get("return_progress") is True,
         capture_reasoning=capture_reasoning,
         capture_content=capture_content,
+        understands_discard=stream and (discard_header or discard.body_declares(body)),
     )
 
 
@@ -120,8 +122,12 @@ class GatewayService:
         caps = await upstream.capabilities()
         schema = requested_schema(body)
         options = _options(
-            body, capture_reasoning=caps.reasoning_back, capture_content=schema is not None
+            body,
+            ctx.discard_header,
+            capture_reasoning=caps.reasoning_back,
+            capture_content=schema is not None,
         )
+        body = discard.without_stream_option(body)
         record.stream = options.stream
         check_request(body, caps, upstream.name)
         task_reasoning = await self._reasoning.task(ctx.task)

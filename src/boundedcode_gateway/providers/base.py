@@ -84,6 +84,9 @@ class RequestOptions:
     capture_reasoning: bool = False
     # keep the answer's text (a schema was sent)
     capture_content: bool = False
+    # the caller declared it drops what it showed when a discard event arrives, so a
+    # broken stream may be answered again in the same response
+    understands_discard: bool = False
 
 
 @dataclass(slots=True)

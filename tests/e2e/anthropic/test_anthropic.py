@@ -259,6 +259,7 @@ def test_a_stream_without_message_stop_is_sent_again(
                 "model": "haiku",
                 "messages": [{"role": "user", "content": "hi"}],
                 "stream": True,
+                "stream_options": {"boundedcode_discard": True},
             },
         ).content
     assert b'"event":"discard"' in raw
