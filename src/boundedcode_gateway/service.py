@@ -201,7 +201,14 @@ class GatewayService:
         if not options.stream:
             return await self._answer_whole(meter, upstream, attempts, options, on_answer)
         relay = StreamRelay(
-            meter, attempts, lambda: upstream.stream_translator(options), options, on_answer
+            meter,
+            attempts,
+            lambda: upstream.stream_translator(options),
+            options,
+            on_answer,
+            continue_from=lambda partial: upstream.continuation(
+                attempts.prepared, partial, options
+            ),
         )
         try:
             first = await relay.open()

@@ -123,7 +123,7 @@ def _kinds() -> list[Kind]:
     gpt = _openai_shaped("openai", lead=0)
     glm = _openai_shaped("compat", lead=0)
     return [
-        Kind("local", *local),
+        Kind("local", *local, continues_text=True),
         Kind("other", *other),
         Kind("gpt", *gpt),
         Kind("glm", *glm),

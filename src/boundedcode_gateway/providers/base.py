@@ -8,7 +8,7 @@ must not know any provider's wire format.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -31,6 +31,8 @@ class Capabilities:
     tools: bool = True
     vision: bool = True
     context_tokens: int | None = None
+    # a stream that breaks in a text answer is continued where it broke, not sent again
+    continue_after_break: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -42,6 +44,7 @@ class Capabilities:
             "tools": self.tools,
             "vision": self.vision,
             "context_tokens": self.context_tokens,
+            "continue_after_break": self.continue_after_break,
         }
 
 
@@ -104,6 +107,19 @@ class PreparedRequest:
     adjustments: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class PartialAnswer:
+    """What the caller was shown of an answer that broke off: text only, no tool call."""
+
+    content: str
+    reasoning: str
+    # the shown chunks' completion id and time, for the chunks that go on with them
+    completion_id: str | None = None
+    created: int | None = None
+    # how many deltas of text were shown: about the tokens already generated
+    deltas: int = 0
+
+
 class StreamTranslator(Protocol):
     """A pure state machine: upstream SSE events in, OpenAI chunk payloads out."""
 
@@ -118,6 +134,20 @@ class StreamTranslator(Protocol):
         Raises ``GatewayError`` for an error event inside the stream.
         """
         ...
+
+    def shown_text(self) -> PartialAnswer | None:
+        """The answer relayed so far, when this translator keeps it (for an upstream that
+        can continue it) and it is text only; None otherwise."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """A request that has the upstream go on with a partial answer, and the translator
+    for its stream (which relays only what follows the partial answer)."""
+
+    request: PreparedRequest
+    new_translator: Callable[[], StreamTranslator]
 
 
 class Upstream(Protocol):
@@ -169,6 +199,13 @@ class Upstream(Protocol):
 
     def stream_translator(self, options: RequestOptions) -> StreamTranslator:
         """A fresh translator for one streamed answer."""
+        ...
+
+    def continuation(
+        self, sent: PreparedRequest, partial: PartialAnswer, options: RequestOptions
+    ) -> Continuation | None:
+        """How to have the upstream go on with ``partial``, the answer to ``sent`` that
+        broke off; None when it cannot (the answer is then sent again or ends in an error)."""
         ...
 
     def from_response(self, raw: bytes, metrics: CallMetrics, options: RequestOptions) -> bytes:

@@ -351,6 +351,7 @@ def test_capabilities_are_documented_ones(claude: Claude, start_gateway: Gateway
     assert caps["reasoning_back"] is True and caps["structured_output"] is True
     assert caps["streaming"] is True and caps["prompt_progress"] is False
     assert caps["source"] == "documentation"
+    assert caps["continue_after_break"] is False
 
 
 def test_a_missing_key_is_a_clear_error(claude: Claude, start_gateway: GatewayFactory) -> None:

@@ -239,6 +239,7 @@ def test_capabilities_as_the_spec_says(gem: GeminiSetup, start_gateway: GatewayF
         "structured_output": True,
     }
     assert caps["prompt_progress"] is False and caps["source"] == "documentation"
+    assert caps["continue_after_break"] is False
     assert model["owned_by"] == "gemini"
 
 

@@ -8,6 +8,7 @@ not is "another local OpenAI-compatible server" with assumed capabilities.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,11 +25,17 @@ from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.providers.base import (
     CallMetrics,
     Capabilities,
+    Continuation,
+    PartialAnswer,
     PreparedRequest,
     RequestOptions,
     StreamTranslator,
 )
 from boundedcode_gateway.providers.http import HttpClient, read_body
+from boundedcode_gateway.providers.openai_compat.continuation import (
+    continuation_body,
+    server_flags_continue,
+)
 from boundedcode_gateway.providers.openai_compat.mapping import (
     error_from_openai_compat,
     from_openai_compat_response,
@@ -45,8 +52,11 @@ from boundedcode_gateway.reasoning_store.store import TaskReasoning
 log = logging.getLogger(__name__)
 
 
-def capabilities_from_props(props: dict[str, Any], takes_reasoning: bool) -> Capabilities:
-    """llama.cpp's capabilities, derived from its ``/props`` answer."""
+def capabilities_from_props(
+    props: dict[str, Any], takes_reasoning: bool, continues: bool = True
+) -> Capabilities:
+    """llama.cpp's capabilities, derived from its ``/props`` answer (``continues``: its
+    command line, where the gateway knows it, lets it go on with a partial answer)."""
     caps = props.get("chat_template_caps") or {}
     modalities = props.get("modalities") or {}
     settings = props.get("default_generation_settings") or {}
@@ -60,6 +70,7 @@ def capabilities_from_props(props: dict[str, Any], takes_reasoning: bool) -> Cap
         tools=bool(caps.get("supports_tools", True)),
         vision=bool(modalities.get("vision", False)),
         context_tokens=n_ctx if isinstance(n_ctx, int) else None,
+        continue_after_break=continues,
     )
 
 
@@ -156,7 +167,21 @@ class OpenAICompatUpstream:
             props["chat_template_caps"].get("supports_preserve_reasoning", False)
         )
         takes = self._dialect.takes_reasoning(self._setting, self._template_preserves)
-        return capabilities_from_props(props, takes)
+        return capabilities_from_props(props, takes, self._flags_continue())
+
+    def _flags_continue(self) -> bool:
+        """A server the gateway runs can continue unless its extra flags say otherwise; one
+        it does not run is taken to run with llama-server's defaults, which can."""
+        settings = self._profile.server
+        if self.managed is None or settings is None:
+            return True
+        return server_flags_continue(settings.extra_args)
+
+    def _continues(self) -> bool:
+        caps = self._caps
+        return (
+            self._dialect.continues_after_break and caps is not None and caps.continue_after_break
+        )
 
     def _auth_headers(self) -> dict[str, str]:
         key = self._profile.api_key()
@@ -218,7 +243,20 @@ class OpenAICompatUpstream:
         return False  # the caller's fields pass through: a refusal is the caller's to see
 
     def stream_translator(self, options: RequestOptions) -> StreamTranslator:
-        return OpenAIStreamTranslator(options, self._secrets())
+        return OpenAIStreamTranslator(options, self._secrets(), keep_shown=self._continues())
+
+    def continuation(
+        self, sent: PreparedRequest, partial: PartialAnswer, options: RequestOptions
+    ) -> Continuation | None:
+        """llama.cpp goes on with a partial text answer given as the final message."""
+        body = continuation_body(sent.body, partial) if self._continues() else None
+        if body is None:
+            return None
+        secrets = self._secrets()
+        return Continuation(
+            dataclasses.replace(sent, body=body, adjustments={}),
+            lambda: OpenAIStreamTranslator(options, secrets, continuing=partial),
+        )
 
     def from_response(self, raw: bytes, metrics: CallMetrics, options: RequestOptions) -> bytes:
         return from_openai_compat_response(
