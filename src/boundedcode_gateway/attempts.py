@@ -37,6 +37,16 @@ class Attempts:
         self._sleep = sleep
         self._started = time.monotonic()
 
+    @property
+    def prepared(self) -> PreparedRequest:
+        return self._prepared
+
+    def for_request(self, prepared: PreparedRequest) -> Attempts:
+        """The sends of another request for the same call: one record, budget and clock."""
+        other = Attempts(self._http, self._upstream, prepared, self._record, self._sleep)
+        other._started = self._started
+        return other
+
     def log(self, status: int, code: str | None) -> None:
         """Note how the latest attempt ended."""
         self._record.attempt_log.append({"status": status, "code": code})

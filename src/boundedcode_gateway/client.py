@@ -4,6 +4,12 @@
 order, which is the order the prompt should describe them in), sends it as
 OpenAI's ``response_format``, and returns a validated instance. It talks plain
 HTTP to the gateway; it does not import the gateway's server side.
+
+It asks for a whole (non-streamed) answer, which never holds a discard event: a
+broken upstream answer is sent again inside the gateway and only the complete
+one arrives. It still declares that it understands the event, as the project's
+own clients do; a version that streams must then drop what came before a
+discard chunk and keep only what follows it.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+
+# the gateway's discard event (docs/failures.md)
+DISCARD_HEADER = "X-BoundedCode-Stream-Discard"
 
 
 class StructuredOutputError(Exception):
@@ -69,7 +78,7 @@ def structured_call(
 
     Raises ``StructuredOutputError`` when the call fails or the reply does not parse.
     """
-    headers = {"X-BoundedCode-Purpose": purpose}
+    headers = {"X-BoundedCode-Purpose": purpose, DISCARD_HEADER: "1"}
     if task:
         headers["X-BoundedCode-Task"] = task
     body = {

@@ -2,41 +2,43 @@
 
 Holds the caller's status until the first content-bearing event, so an error
 before it is a real HTTP error; after it, errors become an in-stream error
-object. A stream that breaks (no finish reason, no ``[DONE]``) is sent once
-more: before content silently, after content behind a discard chunk.
+object. A stream that breaks (no finish reason, no ``[DONE]``) before any
+content is sent once more, silently. After content that is text only, an
+upstream that can go on with a partial answer is asked to (once), and the
+caller sees one unbroken answer. Otherwise only a caller that declared it
+understands the discard event gets the discard chunk and the answer again; any
+other caller gets the in-stream error, never a second answer.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 import orjson
 
 from boundedcode_gateway.attempts import Attempts
+from boundedcode_gateway.discard import discard_chunk
 from boundedcode_gateway.errors import GatewayError, StreamBroken, internal_error
 from boundedcode_gateway.metering.meter import Meter
-from boundedcode_gateway.providers.base import CallMetrics, RequestOptions, StreamTranslator
+from boundedcode_gateway.providers.base import (
+    CallMetrics,
+    Continuation,
+    PartialAnswer,
+    RequestOptions,
+    StreamTranslator,
+)
 from boundedcode_gateway.providers.http import UpstreamResponse, iter_body
 from boundedcode_gateway.wire.sse import DONE_EVENT, SSEDecoder, SSEEvent, encode_data
 
 # a broken stream is sent once more; a second break is final
 BROKEN_STREAM_RESENDS = 1
 
+ContinueFrom = Callable[[PartialAnswer], Continuation | None]
 
-def discard_chunk(call_id: str, model: str, reason: str) -> bytes:
-    """The stream extension telling the caller to drop what it showed of this answer."""
-    return orjson.dumps(
-        {
-            "id": call_id,
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": model,
-            "choices": [],
-            "boundedcode": {"event": "discard", "reason": reason},
-        }
-    )
+
+def _no_continuation(partial: PartialAnswer) -> Continuation | None:
+    return None
 
 
 class StreamRelay:
@@ -49,12 +51,15 @@ class StreamRelay:
         new_translator: Callable[[], StreamTranslator],
         options: RequestOptions,
         on_success: Callable[[CallMetrics], None],
+        continue_from: ContinueFrom = _no_continuation,
     ) -> None:
         self._meter = meter
         self._attempts = attempts
         self._new_translator = new_translator
         self._options = options
         self._on_success = on_success
+        self._continue_from = continue_from
+        self._continued = False
         self._resp: UpstreamResponse | None = None
         self._translator = new_translator()
         self._decoder = SSEDecoder()
@@ -68,11 +73,16 @@ class StreamRelay:
 
     # -- the upstream side
 
-    async def _connect(self) -> None:
-        """Open (or reopen) the upstream stream with a fresh translator."""
+    async def _connect(self, continuation: Continuation | None = None) -> None:
+        """Open (or reopen) the upstream stream with a fresh translator: the call's own
+        request, or a continuation of it."""
         self._release_response()
-        self._resp = await self._attempts.open()
-        self._translator = self._new_translator()
+        if continuation is None:
+            self._resp = await self._attempts.open()
+            self._translator = self._new_translator()
+        else:
+            self._resp = await self._attempts.for_request(continuation.request).open()
+            self._translator = continuation.new_translator()
         self._decoder = SSEDecoder()
         self._pending.clear()
         self._body = iter_body(self._resp)
@@ -125,9 +135,8 @@ class StreamRelay:
     def _broken(self) -> StreamBroken:
         return StreamBroken("the upstream stream ended with no finish reason and no [DONE]")
 
-    async def _resend_after_break(self, exc: StreamBroken) -> bool:
-        """Note the break; reopen if a resend is left (False when it is not)."""
-        self._attempts.log(exc.http_status, exc.code)
+    async def _resend_after_break(self) -> bool:
+        """Reopen if a resend is left (False when it is not)."""
         if self._resends >= BROKEN_STREAM_RESENDS:
             return False
         self._resends += 1
@@ -148,7 +157,8 @@ class StreamRelay:
                 out, error = self._drain(until_commit=True)
             except StreamBroken as exc:
                 # nothing was shown yet: the held role chunk goes with the broken answer
-                if not await self._resend_after_break(exc):
+                self._attempts.log(exc.http_status, exc.code)
+                if not await self._resend_after_break():
                     raise
                 held.clear()
                 continue
@@ -162,22 +172,23 @@ class StreamRelay:
         return b"".join(held)
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The rest of the stream, resent once behind a discard chunk if it breaks."""
+        """The rest of the stream; a break is answered as the module says."""
         while True:
             try:
                 async for out in self._relay_current():
                     yield out
                 return
             except StreamBroken as exc:
-                final: GatewayError = exc
                 try:
-                    if await self._resend_after_break(exc):
-                        yield encode_data(self._discard(exc.message))
-                        continue
+                    first = await self._answer_again(exc)
                 except GatewayError as reopen_error:
-                    final = reopen_error
-                yield self._fail(final)
-                return
+                    yield self._fail(reopen_error)
+                    return
+                if first is None:
+                    yield self._fail(exc)
+                    return
+                if first:
+                    yield first
             except GatewayError as exc:
                 self._attempts.log(exc.http_status, exc.code)
                 yield self._fail(exc)
@@ -185,6 +196,45 @@ class StreamRelay:
             except Exception:
                 yield self._fail(internal_error(self._meter.ctx.call_id))
                 return
+
+    async def _answer_again(self, exc: StreamBroken) -> bytes | None:
+        """After a break: go on from where it broke, or reopen; return what the caller gets
+        first (the discard chunk, or nothing); None when this caller cannot be answered
+        again."""
+        self._attempts.log(exc.http_status, exc.code)
+        shown = self._translator.content_started
+        if shown and await self._continue_partial():
+            return b""
+        if self._continued:
+            self._meter.record.adjustments["continued_after_break"] = False
+        if shown and not self._options.understands_discard:
+            # a second answer would be glued to the first by a caller that cannot drop it
+            return None
+        if not await self._resend_after_break():
+            return None
+        return encode_data(self._discard(exc.message)) if shown else b""
+
+    async def _continue_partial(self) -> bool:
+        """Have the upstream go on with the text the caller was shown (once per answer)."""
+        partial = self._translator.shown_text()
+        if self._continued or partial is None:
+            return False
+        continuation = self._continue_from(partial)
+        if continuation is None:
+            return False
+        self._continued = True
+        record = self._meter.record
+        record.retried = True
+        record.adjustments["continued_after_break"] = True
+        record.adjustments["continued_from"] = {
+            "content_chars": len(partial.content),
+            "reasoning_chars": len(partial.reasoning),
+        }
+        try:
+            await self._connect(continuation)
+        except GatewayError:
+            return False  # its attempts are logged; the answer goes on as after any break
+        return True
 
     async def _relay_current(self) -> AsyncIterator[bytes]:
         while await self._fill():

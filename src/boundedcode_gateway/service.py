@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from boundedcode_gateway import discard
 from boundedcode_gateway.attempts import Attempts
 from boundedcode_gateway.errors import (
     GatewayError,
@@ -55,7 +56,11 @@ class StreamAnswer:
 
 
 def _options(
-    body: dict[str, Any], capture_reasoning: bool, capture_content: bool, capture_answer: bool
+    body: dict[str, Any],
+    discard_header: bool,
+    capture_reasoning: bool,
+    capture_content: bool,
+    capture_answer: bool,
 ) -> RequestOptions:
     stream = body.get("stream") is True
     stream_options = body.get("stream_options")
@@ -69,6 +74,7 @@ def _options(
         capture_reasoning=capture_reasoning,
         capture_content=capture_content,
         capture_answer=capture_answer,
+        understands_discard=stream and (discard_header or discard.body_declares(body)),
     )
 
 
@@ -158,10 +164,12 @@ class GatewayService:
         schema = requested_schema(body)
         options = _options(
             body,
+            ctx.discard_header,
             capture_reasoning=caps.reasoning_back,
             capture_content=schema is not None,
             capture_answer=keeper is not None,
         )
+        body = discard.without_stream_option(body)
         record.stream = options.stream
         check_request(body, caps, upstream.name)
         task_reasoning = await self._reasoning.task(ctx.task)
@@ -282,7 +290,14 @@ class GatewayService:
         if not options.stream:
             return await self._answer_whole(meter, upstream, attempts, options, on_answer)
         relay = StreamRelay(
-            meter, attempts, lambda: upstream.stream_translator(options), options, on_answer
+            meter,
+            attempts,
+            lambda: upstream.stream_translator(options),
+            options,
+            on_answer,
+            continue_from=lambda partial: upstream.continuation(
+                attempts.prepared, partial, options
+            ),
         )
         try:
             first = await relay.open()

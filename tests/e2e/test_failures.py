@@ -28,9 +28,23 @@ def kind(request: pytest.FixtureRequest) -> Kind:
     return request.param  # type: ignore[no-any-return]
 
 
-def chat(gw: Gateway, model: str, stream: bool, **extra: Any) -> httpx.Response:
+# llama.cpp goes on with a text answer that broke instead (test_continuation.py)
+RESENDING = [k for k in KINDS if k.profile != "local"]
+
+
+@pytest.fixture(params=RESENDING, ids=[k.profile for k in RESENDING])
+def resending_kind(request: pytest.FixtureRequest) -> Kind:
+    return request.param  # type: ignore[no-any-return]
+
+
+AWARE = {"X-BoundedCode-Stream-Discard": "1"}
+
+
+def chat(
+    gw: Gateway, model: str, stream: bool, headers: dict[str, str] | None = None, **extra: Any
+) -> httpx.Response:
     body = {"model": model, "messages": HELLO, "stream": stream, **extra}
-    return httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=30)
+    return httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
 
 
 def content_of(events: list[Any]) -> str:
@@ -44,12 +58,12 @@ def content_of(events: list[Any]) -> str:
 # -- row 1: a broken stream is not used; it is sent once more
 
 
-def test_break_after_content_discards_and_resends(
-    gateway: Gateway, upstreams: Upstreams, kind: Kind
+def test_break_after_content_discards_and_resends_for_an_aware_caller(
+    gateway: Gateway, upstreams: Upstreams, resending_kind: Kind
 ) -> None:
-    fake = fake_of(upstreams, kind)
+    fake = fake_of(upstreams, resending_kind)
     fake.queue(Reply(content=ANSWER, break_after_chunks=4), Reply(content=ANSWER))
-    resp = chat(gateway, kind.profile, stream=True)
+    resp = chat(gateway, resending_kind.profile, stream=True, headers=AWARE)
     assert resp.status_code == 200
     events = parse_sse(resp.content)
     discard = [
@@ -72,13 +86,69 @@ def test_break_after_content_discards_and_resends(
     assert len([r for r in fake.requests if r.method == "POST"]) == 2
 
 
-def test_second_break_after_content_is_an_in_stream_502(
-    gateway: Gateway, upstreams: Upstreams, kind: Kind
+def test_break_after_content_is_an_in_stream_502_for_any_other_caller(
+    gateway: Gateway, upstreams: Upstreams, resending_kind: Kind
 ) -> None:
-    fake_of(upstreams, kind).queue(
+    fake = fake_of(upstreams, resending_kind)
+    fake.queue(Reply(content=ANSWER, break_after_chunks=4), Reply(content=ANSWER))
+    resp = chat(gateway, resending_kind.profile, stream=True)
+    events = parse_sse(resp.content)
+    assert resp.status_code == 200 and "[DONE]" not in events
+    assert not any(isinstance(e, dict) and "boundedcode" in e for e in events)
+    assert events[-1]["error"]["code"] == "upstream_stream_broken"
+    assert ANSWER.startswith(content_of(events)) and content_of(events)
+    call = gateway.calls()[0]
+    assert call["http_status"] == 502 and call["retried"] is False and call["attempts"] == 1
+    assert call["attempt_log"] == [{"status": 502, "code": "upstream_stream_broken"}]
+    assert len([r for r in fake.requests if r.method == "POST"]) == 1
+
+
+def test_the_discard_option_in_the_body_is_kept_from_the_upstream(
+    gateway: Gateway, upstreams: Upstreams, resending_kind: Kind
+) -> None:
+    fake = fake_of(upstreams, resending_kind)
+    fake.queue(Reply(content=ANSWER, break_after_chunks=4), Reply(content=ANSWER))
+    resp = chat(
+        gateway, resending_kind.profile, stream=True, stream_options={"boundedcode_discard": True}
+    )
+    events = parse_sse(resp.content)
+    assert events[-1] == "[DONE]" and content_of(events).endswith(ANSWER)
+    assert any(isinstance(e, dict) and "boundedcode" in e for e in events)
+    sent = [r.body for r in fake.requests if r.method == "POST"]
+    assert len(sent) == 2
+    assert all(b["stream_options"] == {"include_usage": True} for b in sent)
+
+
+@pytest.mark.parametrize("value", ["yes", "2"])
+def test_a_bad_discard_header_is_a_400(gateway: Gateway, value: str) -> None:
+    resp = chat(gateway, "gpt", stream=True, headers={"X-BoundedCode-Stream-Discard": value})
+    assert resp.status_code == 400
+    assert resp.json()["error"]["param"] == "X-BoundedCode-Stream-Discard"
+
+
+def test_a_discard_option_that_is_not_a_boolean_is_a_400(gateway: Gateway) -> None:
+    resp = chat(gateway, "gpt", stream=True, stream_options={"boundedcode_discard": "yes"})
+    assert resp.status_code == 400
+    assert resp.json()["error"]["param"] == "stream_options.boundedcode_discard"
+
+
+def test_a_non_streamed_call_with_the_discard_option_goes_upstream_without_it(
+    gateway: Gateway, upstreams: Upstreams
+) -> None:
+    upstreams.openai.queue(Reply(content=ANSWER, break_after_chunks=0), Reply(content=ANSWER))
+    resp = chat(gateway, "gpt", stream=False, stream_options={"boundedcode_discard": True})
+    assert resp.status_code == 200
+    assert resp.json()["choices"][0]["message"]["content"] == ANSWER
+    assert all("stream_options" not in r.body for r in upstreams.openai.requests)
+
+
+def test_second_break_after_content_is_an_in_stream_502(
+    gateway: Gateway, upstreams: Upstreams, resending_kind: Kind
+) -> None:
+    fake_of(upstreams, resending_kind).queue(
         Reply(content=ANSWER, break_after_chunks=4), Reply(content=ANSWER, break_after_chunks=3)
     )
-    resp = chat(gateway, kind.profile, stream=True)
+    resp = chat(gateway, resending_kind.profile, stream=True, headers=AWARE)
     events = parse_sse(resp.content)
     assert resp.status_code == 200 and "[DONE]" not in events
     assert events[-1] == {

@@ -1,8 +1,9 @@
 """Soak: 2,000 requests at concurrency 32 through randomly injected faults of every kind.
 
-Bounded in count and time, loopback only. Afterwards every request has exactly
-one ledger row, none hung, and the process's sockets and memory are back near
-where they started.
+Bounded in count and time, loopback only. Half the streaming callers declare that
+they understand the discard event; no other caller ever receives two answers in one
+stream. Afterwards every request has exactly one ledger row, none hung, and the
+process's sockets and memory are back near where they started.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import orjson
 import pytest
 
 from tests.e2e.conftest import Gateway, GatewayFactory, Upstreams
-from tests.fakes.common import Reply
+from tests.fakes.common import Reply, parse_sse
 
 REQUESTS = 2000
 CONCURRENCY = 32
@@ -35,9 +36,34 @@ LLAMA_500 = {
 }
 
 
+TEXT = "alpha beta gamma delta epsilon zeta eta theta"
+AWARE = {"X-BoundedCode-Stream-Discard": "1"}
+
+
+def check_one_answer(raw: bytes, aware: bool) -> int:
+    """The stream holds one answer — after the last discard event, for an aware caller;
+    returns how many discard events it held."""
+    events = [e for e in parse_sse(raw) if isinstance(e, dict)]
+    discards = [i for i, e in enumerate(events) if "boundedcode" in e]
+    assert aware or not discards, "a discard event for a caller that did not ask for it"
+    answer = events[discards[-1] + 1 :] if discards else events
+    deltas = [e["choices"][0] for e in answer if e.get("choices")]
+    text = "".join(d["delta"].get("content") or "" for d in deltas)
+    assert TEXT.startswith(text), f"not one answer: {text!r}"
+    assert len([d for d in deltas if d.get("finish_reason")]) <= 1
+    heads = Counter(
+        call["index"]
+        for d in deltas
+        for call in d["delta"].get("tool_calls") or ()
+        if call.get("id") is not None
+    )
+    assert all(n == 1 for n in heads.values()), heads
+    return len(discards)
+
+
 def faulty_replies(rng: random.Random, n: int, llama: bool) -> list[Reply]:
     """Replies with every fault the gateway handles, mixed with good ones."""
-    text = "alpha beta gamma delta epsilon zeta eta theta"
+    text = TEXT
     error = {"code": 500, "message": "mid-stream failure", "type": "server_error"}
     faults = [
         lambda: Reply(content=text),
@@ -76,9 +102,9 @@ async def one_request(session: aiohttp.ClientSession, url: str, rng: random.Rand
         "messages": [{"role": "user", "content": "hi " * words}],
     }
     hang_up = stream and rng.random() < 0.05
-    async with session.post(
-        url, data=orjson.dumps(body), headers={"content-type": "application/json"}
-    ) as resp:
+    aware = stream and rng.random() < 0.5
+    headers = {"content-type": "application/json", **(AWARE if aware else {})}
+    async with session.post(url, data=orjson.dumps(body), headers=headers) as resp:
         if hang_up:
             await resp.content.readany()
             resp.close()
@@ -90,8 +116,9 @@ async def one_request(session: aiohttp.ClientSession, url: str, rng: random.Rand
     if not stream:
         assert orjson.loads(raw)["choices"]
         return "ok"
+    discards = check_one_answer(raw, aware)
     if raw.endswith(b"data: [DONE]\n\n"):
-        return "ok"
+        return "ok_after_discard" if discards else "ok"
     last = raw.rstrip().rsplit(b"\n\n", 1)[-1]
     assert last.startswith(b'data: {"error"'), raw[-300:]
     return "in_stream_error"
@@ -142,7 +169,8 @@ def test_soak(upstreams: Upstreams, start_gateway: GatewayFactory) -> None:
 
     assert sum(outcomes.values()) == REQUESTS
     assert outcomes["hung"] == 0, outcomes
-    assert outcomes["ok"] > REQUESTS // 2, outcomes
+    assert outcomes["ok"] + outcomes["ok_after_discard"] > REQUESTS // 2, outcomes
+    assert outcomes["ok_after_discard"] > 0, outcomes
     # a caller that hung up is recorded when the gateway's side of its call has ended,
     # which may be just after the caller gave up
     deadline = time.monotonic() + 10

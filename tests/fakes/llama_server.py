@@ -6,6 +6,12 @@ tests/integration/test_fake_parity.py): `/health`, `/props`,
 bodies, `Server: llama.cpp` and `Connection: close` on every error, streaming order with
 `prompt_progress`, `usage` and `timings`, and the per-slot prompt cache.
 
+A final assistant message is continued as the pinned server continues it: the prompt
+ends with it (its reasoning after `<think>`, closed when content follows, then its
+content), and the model goes on with the rest of the queued reply (the reply's text
+after the partial one, when it starts with it). With `continue_final_message` the
+stream holds only the new text; without it the partial text comes again first.
+
 The "model" is a ChatML-like template plus the `Reply` queue. The cache rule is the real
 one: a slot keeps the tokens of its previous prompt plus the tokens it generated, rendered
 as the template renders that assistant turn (reasoning included). A history that sends the
@@ -84,6 +90,8 @@ _CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 _CACHE_PATHS = frozenset({"/slots", "/apply-template", "/tokenize", "/completion"})
 _TOOL_CHOICES = frozenset({"auto", "none", "required"})
 _REASONING_FORMATS = frozenset({"none", "auto", "deepseek", "deepseek-legacy"})
+# continue_final_message values (as JSON) → the part of the message continued
+_CONTINUE_MODES = {b"true": "auto", b'"content"': "content", b'"reasoning_content"': "reasoning"}
 _MMPROJ_HINT = (
     "input is not supported - hint: if this is unexpected, you may need to provide the mmproj"
 )
@@ -136,6 +144,12 @@ class _ChatTask:
     prefill: bool
     prompt: str
     prompt_tokens: list[str]
+    # continuing the final assistant message: "content", "reasoning" or ""
+    continue_mode: str = ""
+    # without continue_final_message the stream repeats the partial text first
+    echo_prefill: bool = False
+    prefill_content: str = ""
+    prefill_reasoning: str = ""
 
 
 @dataclass
@@ -150,6 +164,9 @@ class _Result:
     n_prompt: int
     gen: Generated
     timings: JSON
+    # a continued message: the partial text that the whole answer starts with
+    prefix_content: str = ""
+    prefix_reasoning: str = ""
 
 
 class FakeLlamaServer:
@@ -436,18 +453,15 @@ class FakeLlamaServer:
         kwargs = body.get("chat_template_kwargs")
         kwargs = kwargs if isinstance(kwargs, dict) else {}
         thinking = self.thinking and _enable_thinking(kwargs, body)
-        prefill = bool(messages) and messages[-1].get("role") == "assistant"
-        if prefill and len(messages) > 1 and messages[-2].get("role") == "assistant":
-            raise LlamaError(
-                400, "Cannot have 2 or more assistant messages at the end of the list."
-            )
+        continue_mode, explicit = _continuation(body, messages)
+        prefill = continue_mode != ""
         _check_logprobs(body)
         _check_n(body, self.total_slots)
         preserve = (
             self.supports_preserve_reasoning and kwargs.get("preserve_reasoning") is not False
         )
         prompt = self._render(
-            messages, tools if self.supports_tools else [], preserve, thinking, prefill
+            messages, tools if self.supports_tools else [], preserve, thinking, continue_mode
         )
         tokens = tokenize(prompt)
         if len(tokens) >= self.n_ctx:
@@ -459,7 +473,13 @@ class FakeLlamaServer:
                 n_prompt_tokens=len(tokens),
                 n_ctx=self.n_ctx,
             )
-        return self._task(body, thinking, prefill, prompt, tokens)
+        task = self._task(body, thinking, prefill, prompt, tokens)
+        if prefill:
+            task.continue_mode = continue_mode
+            task.echo_prefill = not explicit
+            task.prefill_content = self._content(messages[-1].get("content"))
+            task.prefill_reasoning = str(messages[-1].get("reasoning_content") or "")
+        return task
 
     def _task(
         self, body: JSON, thinking: bool, prefill: bool, prompt: str, tokens: list[str]
@@ -489,8 +509,9 @@ class FakeLlamaServer:
         tools: list[Any],
         preserve: bool,
         thinking: bool,
-        prefill: bool,
+        continue_mode: str,
     ) -> str:
+        prefill = continue_mode != ""
         history = messages[:-1] if prefill else messages
         # Like Qwen templates: without preserve, only turns after the last user message
         # keep their reasoning block.
@@ -506,7 +527,10 @@ class FakeLlamaServer:
             out.append(self._render_message(history[i], preserve or i > last_user))
         out.append("<|im_start|>assistant\n")
         if prefill:
-            out.append(self._content(messages[-1].get("content")))
+            last = messages[-1]
+            out.append("<think>\n" + str(last.get("reasoning_content") or ""))
+            if continue_mode == "content":
+                out.append(self.close_reasoning + self._content(last.get("content")))
         elif not thinking and self.empty_think_when_off:
             out.append("<think>\n\n</think>\n\n")
         return "".join(out)
@@ -616,6 +640,8 @@ class FakeLlamaServer:
             n_prompt=len(prompt),
             gen=gen,
             timings=self._timings(cache_n, prompt_n, len(gen.tokens)),
+            prefix_content=task.prefill_content if task.continue_mode == "content" else "",
+            prefix_reasoning=task.prefill_reasoning,
         )
 
     def _sampled(self, tokens: list[str]) -> list[str]:
@@ -700,13 +726,21 @@ class FakeLlamaServer:
 
     def _segments(self, task: _ChatTask, reply: Reply, calls: list[ToolCall]) -> list[Segment]:
         segments: list[Segment] = []
-        if task.thinking and not task.prefill:
+        content = reply.content
+        if task.continue_mode == "reasoning":
+            segments += [
+                Segment("reasoning", _rest(reply.reasoning_content or "", task.prefill_reasoning)),
+                Segment("markup", "\n</think>\n\n"),
+            ]
+        elif task.continue_mode == "content":
+            content = _rest(content, task.prefill_content)
+        elif task.thinking:
             segments += [
                 Segment("markup", "<think>\n"),
                 Segment("reasoning", reply.reasoning_content or ""),
                 Segment("markup", self.close_reasoning),
             ]
-        segments.append(Segment("content", reply.content))
+        segments.append(Segment("content", content))
         for i, call in enumerate(calls):
             segments.append(Segment("tool", render_tool_call(call.name, call.arguments), i))
         return segments
@@ -740,9 +774,10 @@ class FakeLlamaServer:
 
     def _response(self, result: _Result) -> JSON:
         gen = result.gen
-        message: JSON = {"role": "assistant", "content": gen.content}
-        if gen.reasoning:
-            message["reasoning_content"] = gen.reasoning
+        message: JSON = {"role": "assistant", "content": result.prefix_content + gen.content}
+        reasoning = result.prefix_reasoning + gen.reasoning
+        if reasoning:
+            message["reasoning_content"] = reasoning
         if gen.tool_calls:
             message["tool_calls"] = [
                 {
@@ -813,7 +848,11 @@ class FakeLlamaServer:
     def _stream_chunks(self, task: _ChatTask, result: _Result) -> list[JSON]:
         chunks = self._progress_chunks(result) if task.return_progress else []
         emitted = 0
-        for delta, n_tokens in self._deltas(result.gen):
+        deltas = self._deltas(result.gen)
+        if task.echo_prefill:
+            echo = {"reasoning_content": result.prefix_reasoning, "content": result.prefix_content}
+            deltas[1:1] = [({k: v}, 0) for k, v in echo.items() if v]
+        for delta, n_tokens in deltas:
             chunk = self._delta_chunk(result, delta)
             emitted += n_tokens
             if task.timings_per_token:
@@ -850,6 +889,38 @@ def _parse_body(req: HttpRequest) -> JSON:
     if not isinstance(body, dict):
         raise LlamaError(400, "'messages' is required")
     return body
+
+
+def _continuation(body: JSON, messages: list[JSON]) -> tuple[str, bool]:
+    """(how the final message is continued: "content", "reasoning" or "", whether the
+    request asked for it with continue_final_message), as llama-server decides it."""
+    explicit = _CONTINUE_MODES.get(orjson.dumps(body.get("continue_final_message")), "")
+    add_generation_prompt = body.get("add_generation_prompt", True) is not False
+    last = messages[-1] if messages else {}
+    mode = explicit
+    if not mode and last.get("role") == "assistant":  # --prefill-assistant, on by default
+        if len(messages) > 1 and messages[-2].get("role") == "assistant":
+            raise LlamaError(
+                400, "Cannot have 2 or more assistant messages at the end of the list."
+            )
+        mode, add_generation_prompt = "auto", False
+    if not mode:
+        return "", False
+    if add_generation_prompt:
+        raise LlamaError(
+            400, "Cannot set both add_generation_prompt and continue_final_message to true."
+        )
+    if last.get("role") == "assistant" and last.get("tool_calls"):
+        raise LlamaError(400, "Cannot continue an assistant message that contains tool calls.")
+    if mode == "auto":
+        reasoning_only = last.get("reasoning_content") and not content_text(last.get("content"))
+        mode = "reasoning" if reasoning_only else "content"
+    return mode, explicit != ""
+
+
+def _rest(full: str, shown: str) -> str:
+    """What the model writes after ``shown``: the rest of ``full`` when it starts so."""
+    return full[len(shown) :] if full.startswith(shown) else full
 
 
 def _role(msg: JSON) -> str:

@@ -238,3 +238,57 @@ def test_what_the_cache_keeper_reads_and_sends(real: Gateway, plain_fake_url: st
     assert set(found["real"]["repair"]["timings"]) == set(found["fake"]["repair"]["timings"])
     keys = {"tokens_evaluated", "timings", "content"}
     assert keys <= set(found["real"]["repair"]) and keys <= set(found["fake"]["repair"])
+
+
+PARTIAL = [*HELLO, {"role": "assistant", "content": "Hello team, I"}]
+CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {"messages": PARTIAL, "continue_final_message": True},
+            "Cannot set both add_generation_prompt and continue_final_message to true.",
+        ),
+        (
+            {
+                "messages": [
+                    *HELLO,
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": "{}"},
+                            }
+                        ],
+                    },
+                ],
+                **CONTINUE,
+            },
+            "Cannot continue an assistant message that contains tool calls.",
+        ),
+    ],
+)
+def test_continuations_refused(both: dict[str, str], extra: dict[str, Any], message: str) -> None:
+    real, fake = each(both, lambda u: post(u, {"max_tokens": 4, **extra}))
+    assert real.status_code == fake.status_code == 400
+    assert real.json()["error"]["message"] == fake.json()["error"]["message"] == message
+
+
+@pytest.mark.parametrize("explicit", [True, False], ids=["continue_final_message", "prefill"])
+def test_a_final_assistant_message_is_continued(both: dict[str, str], explicit: bool) -> None:
+    body: dict[str, Any] = {"messages": PARTIAL, "max_tokens": 6, **(CONTINUE if explicit else {})}
+    streamed = {**body, "stream": True}
+    for url in both.values():
+        whole = post(url, body).json()["choices"][0]["message"]["content"]
+        assert whole.startswith("Hello team, I")  # a whole answer holds the partial text
+        events = [e for e in parse_sse(post(url, streamed).content) if isinstance(e, dict)]
+        text = "".join(
+            e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]
+        )
+        # with the flag only what follows is streamed; without it the partial text first
+        assert text.startswith("Hello team, I") is not explicit

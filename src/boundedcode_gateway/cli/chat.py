@@ -2,12 +2,15 @@
 
 Streams answers; while a local server reads a long prompt it shows one live
 line — "reading the conversation: 3.1k of 7.8k new tokens" — replaced by the
-answer when generation starts.
+answer when generation starts. It declares that it understands the discard
+event: when a broken answer is sent again, what was shown of it is erased and
+only the new answer is kept in the history.
 """
 
 from __future__ import annotations
 
 import http.client
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +19,11 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from boundedcode_gateway.discard import HEADER_NAME as DISCARD_HEADER
+
 CLEAR_LINE = "\r\033[K"
+ERASE_BELOW = "\033[J"
+RESTART_NOTICE = "(the answer broke off; it starts again)"
 
 
 def format_tokens(n: int) -> str:
@@ -30,6 +37,18 @@ def progress_line(progress: dict[str, Any]) -> str:
     new = int(progress.get("total", 0)) - cache
     done = int(progress.get("processed", 0)) - cache
     return f"reading the conversation: {format_tokens(done)} of {format_tokens(new)} new tokens"
+
+
+def erase_sequence(shown: str, columns: int) -> str:
+    """Terminal codes that go back to where ``shown`` began and clear everything after."""
+    rows = sum(max(1, -(-len(line) // columns)) for line in shown.split("\n"))
+    up = rows - 1
+    return "\r" + (f"\033[{up}A" if up else "") + ERASE_BELOW
+
+
+def is_discard(chunk: dict[str, Any]) -> bool:
+    extension = chunk.get("boundedcode")
+    return isinstance(extension, dict) and extension.get("event") == "discard"
 
 
 def load_history(path: str | None) -> list[dict[str, Any]]:
@@ -55,9 +74,8 @@ class GatewayClient:
     def _request(self, method: str, path: str, body: Any = None) -> http.client.HTTPResponse:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=None)
         payload = orjson.dumps(body) if body is not None else None
-        conn.request(
-            method, self.prefix + path, body=payload, headers={"Content-Type": "application/json"}
-        )
+        headers = {"Content-Type": "application/json", DISCARD_HEADER: "1"}
+        conn.request(method, self.prefix + path, body=payload, headers=headers)
         return conn.getresponse()
 
     def prompt_progress(self, model: str) -> bool:
@@ -84,34 +102,68 @@ class GatewayClient:
             yield chunk
 
 
-def show_answer(chunks: Iterator[dict[str, Any]], out: TextIO) -> dict[str, Any]:
+class AnswerView:
+    """One answer on the terminal: a status line that the text replaces, the text, and
+    the assistant message it adds up to."""
+
+    def __init__(self, out: TextIO, columns: int) -> None:
+        self._out = out
+        self._columns = columns
+        self._status = False
+        self._shown: list[str] = []
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+
+    def status(self, line: str) -> None:
+        self._out.write(CLEAR_LINE + line)
+        self._out.flush()
+        self._status = True
+
+    def text(self, text: str, is_content: bool) -> None:
+        if self._status:
+            self._out.write(CLEAR_LINE)
+            self._status = False
+        (self._content if is_content else self._reasoning).append(text)
+        self._shown.append(text)
+        self._out.write(text)
+        self._out.flush()
+
+    def discard(self) -> None:
+        """Erase what was shown of this answer; it starts again."""
+        if self._shown:
+            self._out.write(erase_sequence("".join(self._shown), self._columns))
+        self._shown.clear()
+        self._content.clear()
+        self._reasoning.clear()
+        self.status(RESTART_NOTICE)
+
+    def end(self) -> dict[str, Any]:
+        if self._status:
+            self._out.write(CLEAR_LINE)
+        self._out.write("\n")
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._content)}
+        if self._reasoning:
+            message["reasoning_content"] = "".join(self._reasoning)
+        return message
+
+
+def show_answer(
+    chunks: Iterator[dict[str, Any]], out: TextIO, columns: int | None = None
+) -> dict[str, Any]:
     """Write progress, then the answer as it streams; return the assistant message."""
-    content: list[str] = []
-    reasoning: list[str] = []
-    showing_progress = False
+    view = AnswerView(out, columns or shutil.get_terminal_size().columns)
     for chunk in chunks:
         if "prompt_progress" in chunk:
-            out.write(CLEAR_LINE + progress_line(chunk["prompt_progress"]))
-            out.flush()
-            showing_progress = True
+            view.status(progress_line(chunk["prompt_progress"]))
+            continue
+        if is_discard(chunk):
+            view.discard()
             continue
         delta = chunk["choices"][0].get("delta", {}) if chunk.get("choices") else {}
         text = delta.get("content") or delta.get("reasoning_content")
-        if not text:
-            continue
-        if showing_progress:
-            out.write(CLEAR_LINE)
-            showing_progress = False
-        (content if delta.get("content") else reasoning).append(text)
-        out.write(text)
-        out.flush()
-    if showing_progress:
-        out.write(CLEAR_LINE)
-    out.write("\n")
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
-    if reasoning:
-        message["reasoning_content"] = "".join(reasoning)
-    return message
+        if text:
+            view.text(text, is_content=bool(delta.get("content")))
+    return view.end()
 
 
 def _inputs(messages: list[str] | None) -> Iterator[str]:

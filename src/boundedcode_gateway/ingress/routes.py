@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from boundedcode_gateway import discard
 from boundedcode_gateway.errors import (
     BodyTooLarge,
     GatewayError,
@@ -159,6 +160,7 @@ class Router:
         return CallContext.new(
             check_task(task) if task is not None else DEFAULT_TASK,
             check_purpose(purpose) if purpose is not None else DEFAULT_PURPOSE,
+            discard.header_declares(_header(scope, discard.HEADER)),
         )
 
     async def _chat(

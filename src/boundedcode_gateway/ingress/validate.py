@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from boundedcode_gateway import discard
 from boundedcode_gateway.errors import InvalidRequest
 
 TASK_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -146,6 +147,8 @@ def _check_scalars(body: dict[str, Any]) -> None:
         v = body.get(name)
         if v is not None and not isinstance(v, dict):
             raise _wrong_type(name, "object", v)
+    if isinstance(body.get("stream_options"), dict):
+        discard.check_stream_option(body["stream_options"])
     tools = body.get("tools")
     if tools is not None and (
         not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)

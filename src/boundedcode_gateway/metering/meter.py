@@ -28,13 +28,15 @@ class CallContext:
     call_id: str
     started: float
     started_at: str
+    # the caller sent X-BoundedCode-Stream-Discard: it understands the discard event
+    discard_header: bool = False
 
     @classmethod
-    def new(cls, task: str, purpose: str) -> CallContext:
+    def new(cls, task: str, purpose: str, discard_header: bool = False) -> CallContext:
         # 128 random bits as 32 hex digits, the form uuid4().hex had: ids need to be
         # unique, not secret, so no system call per id as uuid4 and os.urandom make
         call_id = f"call_{random.getrandbits(128):032x}"
-        return cls(task, purpose, call_id, time.perf_counter(), utc_now_iso())
+        return cls(task, purpose, call_id, time.perf_counter(), utc_now_iso(), discard_header)
 
     def elapsed_ms(self) -> float:
         return round((time.perf_counter() - self.started) * 1000.0, 3)

@@ -34,6 +34,9 @@ class Capabilities:
     # why earlier reasoning cannot go back (a reasoning model whose template drops it)
     reasoning_back_refusal: str | None = None
 
+    # a stream that breaks in a text answer is continued where it broke, not sent again
+    continue_after_break: bool = False
+
     def to_json(self) -> dict[str, Any]:
         return {
             "streaming": self.streaming,
@@ -45,6 +48,7 @@ class Capabilities:
             "vision": self.vision,
             "context_tokens": self.context_tokens,
             "reasoning_back_refusal": self.reasoning_back_refusal,
+            "continue_after_break": self.continue_after_break,
         }
 
 
@@ -91,6 +95,9 @@ class RequestOptions:
     capture_content: bool = False
     # keep the whole answer as a message (content, reasoning, tool calls)
     capture_answer: bool = False
+    # the caller declared it drops what it showed when a discard event arrives, so a
+    # broken stream may be answered again in the same response
+    understands_discard: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +125,19 @@ class PreparedRequest:
     adjustments: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class PartialAnswer:
+    """What the caller was shown of an answer that broke off: text only, no tool call."""
+
+    content: str
+    reasoning: str
+    # the shown chunks' completion id and time, for the chunks that go on with them
+    completion_id: str | None = None
+    created: int | None = None
+    # how many deltas of text were shown: about the tokens already generated
+    deltas: int = 0
+
+
 class StreamTranslator(Protocol):
     """A pure state machine: upstream SSE events in, OpenAI chunk payloads out."""
 
@@ -132,6 +152,20 @@ class StreamTranslator(Protocol):
         Raises ``GatewayError`` for an error event inside the stream.
         """
         ...
+
+    def shown_text(self) -> PartialAnswer | None:
+        """The answer relayed so far, when this translator keeps it (for an upstream that
+        can continue it) and it is text only; None otherwise."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """A request that has the upstream go on with a partial answer, and the translator
+    for its stream (which relays only what follows the partial answer)."""
+
+    request: PreparedRequest
+    new_translator: Callable[[], StreamTranslator]
 
 
 class Upstream(Protocol):
@@ -183,6 +217,13 @@ class Upstream(Protocol):
 
     def stream_translator(self, options: RequestOptions) -> StreamTranslator:
         """A fresh translator for one streamed answer."""
+        ...
+
+    def continuation(
+        self, sent: PreparedRequest, partial: PartialAnswer, options: RequestOptions
+    ) -> Continuation | None:
+        """How to have the upstream go on with ``partial``, the answer to ``sent`` that
+        broke off; None when it cannot (the answer is then sent again or ends in an error)."""
         ...
 
     def from_response(self, raw: bytes, metrics: CallMetrics, options: RequestOptions) -> bytes:

@@ -1,7 +1,8 @@
 """What the adapters that translate to a provider's own API share (Anthropic, Gemini).
 
 The profile's name, upstream model, API key and retry budget; nothing to start
-or stop. Each adapter adds its translation, its retry rules and capabilities.
+or stop, and no continuing an answer that broke off. Each adapter adds its
+translation, its retry rules and capabilities.
 """
 
 from __future__ import annotations
@@ -11,7 +12,14 @@ from typing import ClassVar
 from boundedcode_gateway.config import GatewayConfig, ModelProfile
 from boundedcode_gateway.errors import MissingApiKey
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
-from boundedcode_gateway.providers.base import CacheServer, Capabilities
+from boundedcode_gateway.providers.base import (
+    CacheServer,
+    Capabilities,
+    Continuation,
+    PartialAnswer,
+    PreparedRequest,
+    RequestOptions,
+)
 from boundedcode_gateway.providers.http import HttpClient
 
 
@@ -51,6 +59,11 @@ class NativeUpstream:
 
     def cache_server(self) -> CacheServer | None:
         return None  # the provider's cache is its own; only its usage reports it
+
+    def continuation(
+        self, sent: PreparedRequest, partial: PartialAnswer, options: RequestOptions
+    ) -> Continuation | None:
+        return None  # these APIs have no way to go on with an answer that broke off
 
     async def close(self) -> None:
         return None

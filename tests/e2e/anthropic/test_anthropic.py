@@ -263,6 +263,7 @@ def test_a_stream_without_message_stop_is_sent_again(
                 "model": "haiku",
                 "messages": [{"role": "user", "content": "hi"}],
                 "stream": True,
+                "stream_options": {"boundedcode_discard": True},
             },
         ).content
     assert b'"event":"discard"' in raw
@@ -354,6 +355,7 @@ def test_capabilities_are_documented_ones(claude: Claude, start_gateway: Gateway
     assert caps["reasoning_back"] is True and caps["structured_output"] is True
     assert caps["streaming"] is True and caps["prompt_progress"] is False
     assert caps["source"] == "documentation"
+    assert caps["continue_after_break"] is False
 
 
 def test_a_missing_key_is_a_clear_error(claude: Claude, start_gateway: GatewayFactory) -> None:

@@ -194,7 +194,13 @@ def test_stream_without_finish_reason_is_broken_and_sent_again(
     gem.gemini.queue(
         Reply(content="one two three four", break_after_chunks=2), Reply(content="Whole.")
     )
-    resp = post(gw.url, model="gem", messages=ASK, stream=True)
+    resp = post(
+        gw.url,
+        model="gem",
+        messages=ASK,
+        stream=True,
+        stream_options={"boundedcode_discard": True},
+    )
     events = parse_sse(resp.content)
     assert any(e != "[DONE]" and e.get("boundedcode", {}).get("event") == "discard" for e in events)
     assert events[-1] == "[DONE]"
@@ -233,6 +239,7 @@ def test_capabilities_as_the_spec_says(gem: GeminiSetup, start_gateway: GatewayF
         "structured_output": True,
     }
     assert caps["prompt_progress"] is False and caps["source"] == "documentation"
+    assert caps["continue_after_break"] is False
     assert model["owned_by"] == "gemini"
 
 

@@ -23,7 +23,7 @@ from boundedcode_gateway.providers.anthropic.response import (
     finish_reason,
     read_usage,
 )
-from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
+from boundedcode_gateway.providers.base import CallMetrics, PartialAnswer, RequestOptions
 from boundedcode_gateway.providers.openai_shapes import ChunkWriter, completion_id
 
 _NOTHING: tuple[bytes, ...] = ()
@@ -96,6 +96,9 @@ class AnthropicStreamTranslator:
         if kind == "error":
             raise error_from_stream_event(obj, self._secrets)
         return _NOTHING  # ping, and event types added later
+
+    def shown_text(self) -> PartialAnswer | None:
+        return None  # the provider cannot go on with a partial answer
 
     # -- the message
 

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.errors import MalformedResponse
-from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
+from boundedcode_gateway.providers.base import CallMetrics, PartialAnswer, RequestOptions
 from boundedcode_gateway.providers.gemini.response import (
     AnswerParts,
     blocked_prompt,
@@ -71,6 +71,9 @@ class GeminiStreamTranslator:
                 raise MalformedResponse("Gemini sent a stream event that is not an object")
             out += self._response(response)
         return out
+
+    def shown_text(self) -> PartialAnswer | None:
+        return None  # the provider cannot go on with a partial answer
 
     def _writer_for(self, obj: dict[str, Any]) -> ChunkWriter:
         if self._writer is None:

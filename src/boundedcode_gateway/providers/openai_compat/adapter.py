@@ -8,6 +8,7 @@ not is "another local OpenAI-compatible server" with assumed capabilities.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,11 +30,17 @@ from boundedcode_gateway.providers.base import (
     CacheServer,
     CallMetrics,
     Capabilities,
+    Continuation,
+    PartialAnswer,
     PreparedRequest,
     RequestOptions,
     StreamTranslator,
 )
 from boundedcode_gateway.providers.http import HttpClient, read_body
+from boundedcode_gateway.providers.openai_compat.continuation import (
+    continuation_body,
+    server_flags_continue,
+)
 from boundedcode_gateway.providers.openai_compat.mapping import (
     error_from_openai_compat,
     from_openai_compat_response,
@@ -57,9 +64,13 @@ log = logging.getLogger(__name__)
 
 
 def capabilities_from_props(
-    props: dict[str, Any], takes_reasoning: bool, refusal: str | None = None
+    props: dict[str, Any],
+    takes_reasoning: bool,
+    continues: bool = True,
+    refusal: str | None = None,
 ) -> Capabilities:
-    """llama.cpp's capabilities, derived from its ``/props`` answer."""
+    """llama.cpp's capabilities, derived from its ``/props`` answer (``continues``: its
+    command line, where the gateway knows it, lets it go on with a partial answer)."""
     caps = props.get("chat_template_caps") or {}
     modalities = props.get("modalities") or {}
     settings = props.get("default_generation_settings") or {}
@@ -74,6 +85,7 @@ def capabilities_from_props(
         vision=bool(modalities.get("vision", False)),
         context_tokens=n_ctx if isinstance(n_ctx, int) else None,
         reasoning_back_refusal=refusal,
+        continue_after_break=continues,
     )
 
 
@@ -178,7 +190,7 @@ class OpenAICompatUpstream:
         else:
             refusal = None
         await self._probe_template()
-        return capabilities_from_props(props, takes, refusal)
+        return capabilities_from_props(props, takes, self._flags_continue(), refusal)
 
     async def _probe_template(self) -> None:
         """Render one probe conversation to see how the template closes reasoning."""
@@ -194,6 +206,20 @@ class OpenAICompatUpstream:
         rendered = (_json_object(raw) or {}).get("prompt") if resp.status == 200 else None
         if isinstance(rendered, str) and renders_newline_before_end(rendered):
             self._budget_message = NEWLINE_BUDGET_MESSAGE
+
+    def _flags_continue(self) -> bool:
+        """A server the gateway runs can continue unless its extra flags say otherwise; one
+        it does not run is taken to run with llama-server's defaults, which can."""
+        settings = self._profile.server
+        if self.managed is None or settings is None:
+            return True
+        return server_flags_continue(settings.extra_args)
+
+    def _continues(self) -> bool:
+        caps = self._caps
+        return (
+            self._dialect.continues_after_break and caps is not None and caps.continue_after_break
+        )
 
     def _auth_headers(self) -> dict[str, str]:
         key = self._profile.api_key()
@@ -260,7 +286,20 @@ class OpenAICompatUpstream:
         return False  # the caller's fields pass through: a refusal is the caller's to see
 
     def stream_translator(self, options: RequestOptions) -> StreamTranslator:
-        return OpenAIStreamTranslator(options, self._secrets())
+        return OpenAIStreamTranslator(options, self._secrets(), keep_shown=self._continues())
+
+    def continuation(
+        self, sent: PreparedRequest, partial: PartialAnswer, options: RequestOptions
+    ) -> Continuation | None:
+        """llama.cpp goes on with a partial text answer given as the final message."""
+        body = continuation_body(sent.body, partial) if self._continues() else None
+        if body is None:
+            return None
+        secrets = self._secrets()
+        return Continuation(
+            dataclasses.replace(sent, body=body, adjustments={}),
+            lambda: OpenAIStreamTranslator(options, secrets, continuing=partial),
+        )
 
     def from_response(self, raw: bytes, metrics: CallMetrics, options: RequestOptions) -> bytes:
         return from_openai_compat_response(

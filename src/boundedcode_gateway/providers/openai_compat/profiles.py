@@ -39,6 +39,9 @@ class Dialect:
     # under `keep`, tool-call turns always carry reasoning_content ("" when none is known):
     # DeepSeek and Kimi refuse them without it
     reasoning_on_tool_turns_under_keep: bool = False
+    # the server goes on with a partial answer given as the final assistant message
+    # (continuation.py); an answer that broke off in text is continued, not sent again
+    continues_after_break: bool = False
 
     def takes_reasoning(self, setting: ReasoningHistory, template_preserves: bool) -> bool:
         """Whether earlier reasoning goes back to this kind under ``setting``."""
@@ -61,6 +64,7 @@ LLAMA_CPP = Dialect(
     tool_choice_string_only=True,
     retry=LOCAL_RETRY,
     strict_schema=False,
+    continues_after_break=True,
 )
 
 LOCAL_OPENAI_COMPATIBLE = Dialect(

@@ -3,6 +3,11 @@
 Pure state machine over ``data:`` payloads. Forwards the upstream's bytes
 unchanged (no re-serialisation), drops what the caller did not ask for, and
 raises the gateway error for an error event.
+
+For an upstream that can go on with an answer that broke off, it keeps the text
+it relayed (``shown_text``). A translator for such a continuation relays only
+what follows: it drops the new stream's role-only opening chunk and its prompt
+progress, and gives its chunks the id and time of the answer they go on with.
 """
 
 from __future__ import annotations
@@ -14,7 +19,12 @@ import orjson
 
 from boundedcode_gateway.errors import MalformedResponse
 from boundedcode_gateway.policy.reasoning import REASONING_KIND
-from boundedcode_gateway.providers.base import CallMetrics, CapturedReasoning, RequestOptions
+from boundedcode_gateway.providers.base import (
+    CallMetrics,
+    CapturedReasoning,
+    PartialAnswer,
+    RequestOptions,
+)
 from boundedcode_gateway.providers.openai_compat.mapping import (
     complete_tool_call_head,
     error_from_stream_event,
@@ -33,9 +43,11 @@ class _AnswerText:
 
     __slots__ = ("calls", "content", "ids", "reasoning")
 
-    def __init__(self, whole_calls: bool = False) -> None:
-        self.content: list[str] = []
-        self.reasoning: list[str] | None = None
+    def __init__(self, before: PartialAnswer | None = None, whole_calls: bool = False) -> None:
+        self.content: list[str] = [before.content] if before else []
+        self.reasoning: list[str] | None = (
+            [before.reasoning] if before and before.reasoning else None
+        )
         self.ids: list[str] = []
         # per tool-call index: id, name and argument fragments
         self.calls: dict[int, list[str]] | None = {} if whole_calls else None
@@ -99,12 +111,15 @@ class OpenAIStreamTranslator:
 
     __slots__ = (
         "_capture",
+        "_continuing",
+        "_first",
         "_forward_progress",
         "_forward_usage",
         "_keep_answer",
         "_keep_content",
-        "_keep_reasoning",
+        "_keep_shown",
         "_secrets",
+        "_text",
         "_tool_args",
         "content_started",
         "finished",
@@ -112,21 +127,32 @@ class OpenAIStreamTranslator:
         "progress_seen",
     )
 
-    def __init__(self, options: RequestOptions, secrets: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        options: RequestOptions,
+        secrets: tuple[str, ...] = (),
+        keep_shown: bool = False,
+        continuing: PartialAnswer | None = None,
+    ) -> None:
         self.metrics = CallMetrics()
-        self.content_started = False
+        # a continuation goes on with content the caller has already seen
+        self.content_started = continuing is not None
         self.finished = False
         self.progress_seen = False
         self._forward_usage = options.include_usage
-        self._forward_progress = options.return_progress
+        self._forward_progress = options.return_progress and continuing is None
         self._secrets = secrets
         # characters of arguments seen per tool-call index
         self._tool_args: dict[int, int] = {}
-        capture = options.capture_reasoning or options.capture_content or options.capture_answer
-        self._capture = _AnswerText(options.capture_answer) if capture else None
+        self._capture = options.capture_reasoning or options.capture_content
         self._keep_content = options.capture_content
         self._keep_answer = options.capture_answer
-        self._keep_reasoning = options.capture_reasoning or options.capture_content
+        self._keep_shown = keep_shown
+        self._continuing = continuing
+        keep_text = self._capture or keep_shown or continuing or options.capture_answer
+        self._text = _AnswerText(continuing, options.capture_answer) if keep_text else None
+        # the first chunk's id and time, kept with the text
+        self._first: tuple[str | None, int | None] | None = None
 
     def feed(self, event: str, data: bytes) -> Sequence[bytes]:
         """Consume one event; return the payloads to relay (the same bytes, or none)."""
@@ -152,25 +178,56 @@ class OpenAIStreamTranslator:
         if not choices:
             if obj.get("usage") and not self._forward_usage:
                 return _NOTHING
+            if self._continuing is not None and self._as_continued(obj):
+                data = orjson.dumps(obj)
             return (data,)
         return self._feed_choice(obj, choices[0], data)
 
+    def shown_text(self) -> PartialAnswer | None:
+        """The text relayed so far, if kept and no tool call has begun."""
+        text = self._text
+        if not self._keep_shown or text is None or self._tool_args:
+            return None
+        content, reasoning = "".join(text.content), "".join(text.reasoning or ())
+        if not content and not reasoning:
+            return None
+        completion_id, created = self._first or (None, None)
+        deltas = sum(1 for part in (*text.content, *(text.reasoning or ())) if part)
+        return PartialAnswer(content, reasoning, completion_id, created, deltas)
+
     def _feed_choice(self, obj: dict[str, Any], choice: Any, data: bytes) -> Sequence[bytes]:
         self._observe_choice(choice)
-        if self._complete_tool_deltas(choice):
+        changed = self._complete_tool_deltas(choice)
+        if self._continuing is not None:
+            if _opens_only(choice):
+                return _NOTHING  # the caller's answer is already open
+            changed = self._as_continued(obj) or changed
+        elif self._keep_shown and self._first is None:
+            self._first = (_str_or_none(obj.get("id")), _int_or_none(obj.get("created")))
+        if changed:
             data = orjson.dumps(obj)
-        if self._capture is not None:
-            self._capture.add(choice)
-            if self.finished:
-                if self._keep_reasoning:
-                    self.metrics.captured = self._capture.captured()
+        text = self._text
+        if text is not None:
+            text.add(choice)
+            if self.finished and self._capture:
+                self.metrics.captured = text.captured()
                 if self._keep_content:
-                    self.metrics.answer_text = "".join(self._capture.content)
-                if self._keep_answer:
-                    self.metrics.answer_message = self._capture.message()
+                    self.metrics.answer_text = "".join(text.content)
+            if self.finished and self._keep_answer:
+                self.metrics.answer_message = text.message()
         if self.finished and any(n == 0 for n in self._tool_args.values()):
             return (self._empty_arguments_chunk(obj), data)
         return (data,)
+
+    def _as_continued(self, obj: dict[str, Any]) -> bool:
+        """Give a continuation's chunk the id and time of the answer it goes on with."""
+        partial = self._continuing
+        if partial is None or partial.completion_id is None:
+            return False
+        obj["id"] = partial.completion_id
+        if partial.created is not None:
+            obj["created"] = partial.created
+        return True
 
     def _complete_tool_deltas(self, choice: dict[str, Any]) -> bool:
         """The first delta of each tool call gets an id and a type if the upstream left them out."""
@@ -216,3 +273,19 @@ class OpenAIStreamTranslator:
         if finish:
             self.finished = True
             self.metrics.finish_reason = finish
+
+
+def _opens_only(choice: dict[str, Any]) -> bool:
+    """A chunk that only opens an answer: a role, no content, no finish."""
+    delta = choice.get("delta")
+    if choice.get("finish_reason") or not isinstance(delta, dict):
+        return False
+    return not any(delta.get(k) for k in _CONTENT_KEYS)
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
