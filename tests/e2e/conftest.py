@@ -17,6 +17,7 @@ import yaml
 from boundedcode_gateway.app import GatewayApp, create_app
 from boundedcode_gateway.config import parse_config
 from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
+from boundedcode_gateway.llama_server.cache_keeper import REPAIR_PURPOSE
 from boundedcode_gateway.metering.calllog import read_calls
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fakes.openai_api import FakeOpenAI
@@ -76,16 +77,19 @@ class Gateway:
             assert time.monotonic() < deadline, "the cache follow-ups did not finish"
             time.sleep(0.005)
 
-    def calls(self) -> list[dict[str, Any]]:
+    def calls(self, repairs: bool = False) -> list[dict[str, Any]]:
+        """The call log; the cache keeper's own repairs only when asked for."""
         assert self.app.writer.flush(10.0)
-        return read_calls(self.data_dir / "calls.jsonl")
+        calls = read_calls(self.data_dir / "calls.jsonl")
+        return calls if repairs else [c for c in calls if c["purpose"] != REPAIR_PURPOSE]
 
-    def ledger_rows(self) -> list[dict[str, Any]]:
+    def ledger_rows(self, repairs: bool = False) -> list[dict[str, Any]]:
         assert self.app.writer.flush(10.0)
         with sqlite3.connect(self.data_dir / "ledger.db") as db:
             db.row_factory = sqlite3.Row
             rows = db.execute("SELECT * FROM model_calls ORDER BY started_at, rowid").fetchall()
-        return [dict(r) for r in rows]
+        out = [dict(r) for r in rows]
+        return out if repairs else [r for r in out if r["purpose"] != REPAIR_PURPOSE]
 
 
 @pytest.fixture

@@ -49,7 +49,7 @@ def converse(
         history.append({"role": "assistant", "content": answer.choices[0].message.content})
         if settle:
             gw.settle()
-    return gw.calls()
+    return gw.calls(repairs=True)
 
 
 def of(calls: list[dict[str, Any]], purpose: str) -> list[dict[str, Any]]:
@@ -95,7 +95,7 @@ def test_the_repair_evaluates_the_split_before_the_next_call(
     assert first["evaluated_tokens"] > 8 and first["completion_tokens"] == 0
     assert repairs[1]["miss_cause"] == "none"
     # metered in the ledger as well
-    rows = gw.ledger_rows()
+    rows = gw.ledger_rows(repairs=True)
     assert [r["purpose"] for r in rows].count("cache_repair") == 2
     assert sum(r["evaluated_tokens"] for r in rows) == sum(c["evaluated_tokens"] for c in calls)
 
@@ -183,7 +183,7 @@ def test_a_call_arriving_abandons_the_repair(
     client.chat.completions.create(model="local", messages=history)
     waited = time.monotonic() - began
     gw.settle()
-    calls = gw.calls()
+    calls = gw.calls(repairs=True)
     repairs = of(calls, "cache_repair")
     assert repairs[0]["status"] == "error" and repairs[0]["error_code"] == "abandoned"
     assert repairs[0]["http_status"] == 499
@@ -238,7 +238,7 @@ def test_streamed_and_whole_answers_are_followed_alike(
     history.append({"role": "tool", "tool_call_id": "call_1", "content": "done"})
     upstreams.llama.queue(Reply(content="Done."))
     client.chat.completions.create(model="local", messages=history)
-    calls = gw.calls()
+    calls = gw.calls(repairs=True)
     [first_repair, *_] = of(calls, "cache_repair")
     assert first_repair["miss_cause"] == "token_split"
     assert of(calls, "agent_turn")[1]["miss_cause"] == "none"

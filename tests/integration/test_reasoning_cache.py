@@ -137,7 +137,7 @@ def converse(
 
 
 def task_calls(gw: Gateway, task: str, purpose: str = "agent_turn") -> list[dict[str, Any]]:
-    return [c for c in gw.calls() if c["task"] == task and c["purpose"] == purpose]
+    return [c for c in gw.calls(repairs=True) if c["task"] == task and c["purpose"] == purpose]
 
 
 def evaluated(gw: Gateway, task: str) -> list[int]:
