@@ -249,6 +249,8 @@ class CacheKeeper:
         record.reusable_tokens = report.reusable_tokens
         record.miss_cause = report.cause
         record.miss_at = report.at
+        # from now on the cache holds this rendering: the next call is compared with it
+        call.previous.repaired_tokens = record.prompt_tokens
         meter.ok()
 
     async def _render(self, body: dict[str, Any]) -> str | None:

@@ -66,9 +66,15 @@ class PreviousCall:
     answer_index: int  # the answer's index in the next request's messages
     # filled in after the answer by the cache keeper, where the server can tell
     evidence: AnswerEvidence | None = None
+    # the tokens of the rendering a repair left in the cache after this answer
+    repaired_tokens: int | None = None
 
     @property
     def reusable_tokens(self) -> int:
+        """What the next call can find cached: the rendering the repair evaluated, else the
+        prompt and the generated tokens."""
+        if self.repaired_tokens is not None:
+            return self.repaired_tokens
         return self.prompt_tokens + self.completion_tokens
 
 
@@ -106,7 +112,7 @@ def _answer_cause(
     # the previous prompt's last tokens may join the answer's first characters when the
     # whole is tokenised anew, so a match ending just short of the answer is in it
     start = previous.prompt_tokens - MISS_TOLERANCE_TOKENS
-    in_answer = start <= cached_tokens < previous.reusable_tokens
+    in_answer = start <= cached_tokens < previous.prompt_tokens + previous.completion_tokens
     if evidence is None or not in_answer:
         return "server", None
     at = {"message": previous.answer_index}
