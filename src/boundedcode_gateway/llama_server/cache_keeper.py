@@ -226,7 +226,8 @@ class CacheKeeper:
         meter = Meter(self._writer, CallContext.new(call.task, REPAIR_PURPOSE), self._profile)
         record = meter.record
         record.provider = "local"
-        record.messages = len(orjson.loads(call.sent_body)["messages"]) + 1
+        # the conversation the rendering holds: the request's messages and the answer
+        record.messages = call.previous.answer_index + 1
         record.attempts = 1
         body = {"prompt": rendered, "n_predict": 0, "cache_prompt": True}
         try:
