@@ -26,6 +26,8 @@ DEFAULT_BASE_URLS: dict[str, str] = {
 # the providers whose own API the gateway translates to (not OpenAI-shaped)
 NATIVE_PROVIDERS = ("anthropic", "gemini")
 ThinkingMode = Literal["enabled", "adaptive", "off"]
+# the call log's file name inside the data directory
+CALLS_FILE = "calls.jsonl"
 ThinkingLevel = Literal["minimal", "low", "medium", "high", "xhigh", "max"]
 
 
@@ -187,7 +189,7 @@ class GatewayConfig(_Strict):
 
     @property
     def calls_path(self) -> Path:
-        return self.data_path / "calls.jsonl"
+        return calls_path_in(self.data_path)
 
     @property
     def max_body_bytes(self) -> int:
@@ -195,6 +197,11 @@ class GatewayConfig(_Strict):
 
     def reasoning_history_for(self, profile: ModelProfile) -> ReasoningHistory:
         return profile.reasoning_history or self.inference.reasoning_history
+
+
+def calls_path_in(data_dir: str | Path) -> Path:
+    """The call log inside a data directory (``<data_dir>/calls.jsonl``)."""
+    return Path(data_dir) / CALLS_FILE
 
 
 def _line_index(text: str) -> dict[tuple[str, ...], int]:

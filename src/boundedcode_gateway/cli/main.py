@@ -8,7 +8,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from boundedcode_gateway.config import GatewayConfig, load_config, parse_config
+from boundedcode_gateway.config import GatewayConfig, calls_path_in, load_config, parse_config
 from boundedcode_gateway.errors import ConfigError
 
 CONFIG_ENV = "BOUNDEDCODE_GATEWAY_CONFIG"
@@ -57,7 +57,28 @@ def _parser() -> argparse.ArgumentParser:
     calls.add_argument("--config")
     calls.add_argument("--task")
     calls.add_argument("--last", type=int, default=20)
+    _report_parser(sub)
     return parser
+
+
+def _report_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    report = sub.add_parser(
+        "report", help="per-call rows and per-task totals of a call log, and charts"
+    )
+    source = report.add_mutually_exclusive_group()
+    source.add_argument("--config", help="read the call log of this configuration's data_dir")
+    source.add_argument("--data-dir", help="read DATA_DIR/calls.jsonl")
+    report.add_argument("--task")
+    report.add_argument("--purpose")
+    report.add_argument("--since", help="calls started at or after this ISO 8601 time (UTC)")
+    report.add_argument("--format", choices=("md", "json", "csv"), default="md")
+    report.add_argument(
+        "--table",
+        choices=("calls", "totals"),
+        default="calls",
+        help="with --format csv: which table (Markdown and JSON hold both)",
+    )
+    report.add_argument("--plots", metavar="DIR", help="write PNG charts here (needs matplotlib)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         from boundedcode_gateway.cli.chat import run_chat
 
         return run_chat(args.url, args.model, args.history, args.message)
+    if args.command == "report" and args.data_dir is not None:
+        return _report(args, calls_path_in(args.data_dir))
     try:
         config = resolve_config(args.config)
         if args.command == "serve":
@@ -80,12 +103,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check-config":
             print(f"configuration ok: {len(config.models)} model profile(s)")
             return 0
+        if args.command == "report":
+            return _report(args, config.calls_path)
         from boundedcode_gateway.cli.calls import run_calls
 
         return run_calls(config.ledger_path, config.calls_path, args.task, args.last)
     except ConfigError as exc:
         print(f"boundedcode-gateway: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+
+
+def _report(args: argparse.Namespace, calls_path: Path) -> int:
+    from boundedcode_gateway.cli.report import run_report
+
+    plots = Path(args.plots) if args.plots else None
+    return run_report(
+        calls_path, args.task, args.purpose, args.since, args.format, args.table, plots
+    )
 
 
 if __name__ == "__main__":
