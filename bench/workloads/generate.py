@@ -253,7 +253,9 @@ def two_purposes(rng: random.Random, repo: c.Repo) -> tuple[list[dict[str, Any]]
         text = f"Task: fix `{i.failing[0]}`.\nLatest test run:\n{evidence['text']}\nVerdict?"
         return {"kind": "verify_request", "text": text, "purpose": "verification"}
 
-    agent: Callable[[dict[str, Any]], dict[str, Any]] = lambda s: {**s, "purpose": AGENT}  # noqa: E731
+    def agent(step: dict[str, Any]) -> dict[str, Any]:
+        return {**step, "purpose": AGENT}
+
     first_run = i.tests(failing=True)
     second_run = i.tests(failing=True)
     final_run = i.tests(failing=False)
