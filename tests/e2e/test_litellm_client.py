@@ -43,3 +43,15 @@ def test_litellm_chat_and_stream(gateway: Gateway, upstreams: Upstreams) -> None
     chunks = list(complete(gateway, "gpt", [{"role": "user", "content": "hi"}], stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "Streamed hello."
+
+
+def test_litellm_stream_of_an_answer_opening_with_an_emoji(
+    gateway: Gateway, upstreams: Upstreams
+) -> None:
+    upstreams.llama.queue(Reply(content="🌟 Hello, team!", reasoning_content=None))
+    chunks = list(complete(gateway, "local", [{"role": "user", "content": "hi"}], stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    built = litellm.stream_chunk_builder(chunks)
+    assert built is not None
+    assert built.choices[0].message.role == "assistant"  # type: ignore[union-attr]
+    assert built.choices[0].message.content == "🌟 Hello, team!"  # type: ignore[union-attr]

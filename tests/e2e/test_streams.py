@@ -145,3 +145,35 @@ def test_malformed_200_is_502(start_gateway: GatewayFactory, prefix: str, words:
         err = resp.json()["error"]
         assert err["code"] == "malformed_response" and words in err["message"]
         assert gw.calls()[0]["error_code"] == "malformed_response"
+
+
+EMOJI_ANSWER = "🌟 Hello, team!"
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_answer_opening_with_a_held_token_still_opens_with_the_role(
+    gateway: Gateway, upstreams: Upstreams, progress: bool
+) -> None:
+    # llama-server holds back a first token that is part of an emoji and then sends no
+    # role chunk of its own: the role rode only on the progress chunks the gateway drops
+    upstreams.llama.queue(Reply(content=EMOJI_ANSWER, reasoning_content=None))
+    events = parse_sse(stream_raw(gateway, return_progress=progress).content)
+    answer = [e for e in events if isinstance(e, dict) and "prompt_progress" not in e]
+    roles = [e["choices"][0]["delta"].get("role") for e in answer if e["choices"]]
+    if progress:
+        # the caller asked for progress: those chunks carried the role, nothing is added
+        assert "assistant" not in roles
+        assert all(e["choices"][0]["delta"]["role"] == "assistant" for e in events[:1])
+    else:
+        assert roles[0] == "assistant" and roles.count("assistant") == 1
+        assert len({(e["id"], e["created"]) for e in answer}) == 1
+
+
+def test_sdk_stream_helper_reads_an_answer_opening_with_an_emoji(
+    gateway: Gateway, upstreams: Upstreams
+) -> None:
+    upstreams.llama.queue(Reply(content=EMOJI_ANSWER, reasoning_content=None))
+    with gateway.client().chat.completions.stream(model="local", messages=HELLO) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].message.role == "assistant"
+    assert final.choices[0].message.content == EMOJI_ANSWER

@@ -852,6 +852,8 @@ class FakeLlamaServer:
         if task.echo_prefill:
             echo = {"reasoning_content": result.prefix_reasoning, "content": result.prefix_content}
             deltas[1:1] = [({k: v}, 0) for k, v in echo.items() if v]
+        if _first_token_held(result.gen):
+            del deltas[0]
         for delta, n_tokens in deltas:
             chunk = self._delta_chunk(result, delta)
             emitted += n_tokens
@@ -921,6 +923,14 @@ def _continuation(body: JSON, messages: list[JSON]) -> tuple[str, bool]:
 def _rest(full: str, shown: str) -> str:
     """What the model writes after ``shown``: the rest of ``full`` when it starts so."""
     return full[len(shown) :] if full.startswith(shown) else full
+
+
+def _first_token_held(gen: Generated) -> bool:
+    """llama-server sends the role with the first generated token's chunk, but holds back a
+    token that is an incomplete UTF-8 sequence — the first bytes of an emoji, which a
+    byte-level vocabulary splits — so an answer that opens with one has no role chunk."""
+    first = (gen.reasoning or gen.content)[:1]
+    return len(first.encode()) >= 4
 
 
 def _role(msg: JSON) -> str:

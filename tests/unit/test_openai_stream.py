@@ -92,8 +92,15 @@ def test_reasoning_tool_calls_and_refusals_are_content(delta: dict[str, object])
 
 
 def test_done_alone_ends_the_stream() -> None:
-    t, out = run(RequestOptions(True, False, False), [TEXT, b"[DONE]"])
-    assert t.finished and out == [TEXT]
+    t, out = run(RequestOptions(True, False, False), [ROLE, TEXT, b"[DONE]"])
+    assert t.finished and out == [ROLE, TEXT]
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_an_answer_without_its_role_chunk_gets_one(progress: bool) -> None:
+    # llama-server's role rides on the progress chunks when the first token is held back
+    _, out = run(RequestOptions(True, False, progress), [PROGRESS, TEXT, FINISH])
+    assert out == ([PROGRESS, TEXT, FINISH] if progress else [ROLE, TEXT, FINISH])
 
 
 def test_llama_error_event_raises_with_its_status() -> None:

@@ -118,6 +118,7 @@ class OpenAIStreamTranslator:
         "_keep_answer",
         "_keep_content",
         "_keep_shown",
+        "_opened",
         "_secrets",
         "_text",
         "_tool_args",
@@ -153,6 +154,8 @@ class OpenAIStreamTranslator:
         self._text = _AnswerText(continuing, options.capture_answer) if keep_text else None
         # the first chunk's id and time, kept with the text
         self._first: tuple[str | None, int | None] | None = None
+        # whether the caller has been given the answer's role yet (a continuation's was)
+        self._opened = continuing is not None
 
     def feed(self, event: str, data: bytes) -> Sequence[bytes]:
         """Consume one event; return the payloads to relay (the same bytes, or none)."""
@@ -173,7 +176,10 @@ class OpenAIStreamTranslator:
             if isinstance(progress, dict):
                 read_progress(progress, self.metrics)
             self.progress_seen = True
-            return (data,) if self._forward_progress else _NOTHING
+            if not self._forward_progress:
+                return _NOTHING
+            self._opened = self._opened or _carries_role(obj)
+            return (data,)
         choices = obj.get("choices")
         if not choices:
             if obj.get("usage") and not self._forward_usage:
@@ -215,9 +221,26 @@ class OpenAIStreamTranslator:
                     self.metrics.answer_text = "".join(text.content)
             if self.finished and self._keep_answer:
                 self.metrics.answer_message = text.message()
+        opening = self._opening(obj, choice) if not self._opened else _NOTHING
         if self.finished and any(n == 0 for n in self._tool_args.values()):
-            return (self._empty_arguments_chunk(obj), data)
-        return (data,)
+            return (*opening, self._empty_arguments_chunk(obj), data)
+        return (*opening, data) if opening else (data,)
+
+    def _opening(self, obj: dict[str, Any], choice: dict[str, Any]) -> Sequence[bytes]:
+        """The role chunk, when the answer's first chunk does not carry it.
+
+        llama-server sends the role with the first generated token, except when that token
+        is an incomplete UTF-8 sequence (the first bytes of an emoji): the token is held
+        back and the role then rides only on the prompt-progress chunks the gateway asked
+        for and drops. Clients take the message's role from the first chunk.
+        """
+        self._opened = True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and delta.get("role"):
+            return _NOTHING
+        head = {k: obj[k] for k in ("id", "object", "created", "model") if k in obj}
+        opening = {"index": 0, "delta": {"role": "assistant", "content": None}}
+        return (orjson.dumps({**head, "choices": [{**opening, "finish_reason": None}]}),)
 
     def _as_continued(self, obj: dict[str, Any]) -> bool:
         """Give a continuation's chunk the id and time of the answer it goes on with."""
@@ -273,6 +296,13 @@ class OpenAIStreamTranslator:
         if finish:
             self.finished = True
             self.metrics.finish_reason = finish
+
+
+def _carries_role(obj: dict[str, Any]) -> bool:
+    choices = obj.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else None
+    delta = first.get("delta") if isinstance(first, dict) else None
+    return isinstance(delta, dict) and bool(delta.get("role"))
 
 
 def _opens_only(choice: dict[str, Any]) -> bool:

