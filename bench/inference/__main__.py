@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--turns", type=int, default=0, help="at most this many steps (0: all)")
     p.add_argument("--model-path", default=real_server.DEFAULT_MODEL)
     p.add_argument("--template", type=Path, default=TEMPLATE)
-    p.add_argument("--reasoning-budget", type=int, default=24, help="llama-server's, tokens")
+    p.add_argument("--reasoning-budget", type=int, default=32, help="llama-server's, tokens")
     p.add_argument("--max-tokens", type=int, default=0, help="0: the workload's")
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--seed", type=int, default=7)

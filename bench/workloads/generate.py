@@ -37,7 +37,7 @@ from bench.workloads import content as c
 PROMPT_LIMIT_TOKENS = 7000
 PER_MESSAGE_TOKENS = 4  # a chat template's role markers around each message
 SYSTEM_TOKENS = 2000
-MAX_TOKENS = 48  # the answer budget each workload assumes (the runner's max_tokens)
+MAX_TOKENS = 64  # the answer budget each workload assumes (the runner's max_tokens)
 AGENT = "agent_turn"
 
 TOOLS: list[dict[str, Any]] = [
