@@ -17,13 +17,13 @@ from boundedcode_gateway.policy.structured import (
     strict_schema,
 )
 from boundedcode_gateway.providers.base import RequestOptions
-from boundedcode_gateway.providers.openai_compat.mapping import to_openai_compat_request
-from boundedcode_gateway.providers.openai_compat.profiles import (
+from boundedcode_gateway.providers.openai_compat.dialects import (
     LLAMA_CPP,
     LOCAL_OPENAI_COMPATIBLE,
     OPENAI,
     OPENAI_COMPATIBLE,
 )
+from boundedcode_gateway.providers.openai_compat.mapping import to_openai_compat_request
 
 # a nested schema with arrays, enums and optional fields, in the prompt's order
 CONTRACT: dict[str, Any] = {

@@ -36,7 +36,7 @@ from boundedcode_gateway.providers.base import (
     StreamTranslator,
 )
 from boundedcode_gateway.providers.http import HttpClient
-from boundedcode_gateway.providers.native import NativeUpstream
+from boundedcode_gateway.providers.translating import TranslatingUpstream
 from boundedcode_gateway.reasoning_store.store import TaskReasoning
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def stored_blocks(data: Any) -> ThinkingBlocks | None:
     return out or None
 
 
-class AnthropicUpstream(NativeUpstream):
+class AnthropicUpstream(TranslatingUpstream):
     """One model profile served by Anthropic (or a server that speaks its Messages API)."""
 
     RETRY = ANTHROPIC_RETRY

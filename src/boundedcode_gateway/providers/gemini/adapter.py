@@ -27,7 +27,7 @@ from boundedcode_gateway.providers.gemini.response import error_from_gemini, fro
 from boundedcode_gateway.providers.gemini.signatures import SIGNATURE_KIND, TurnSignatures
 from boundedcode_gateway.providers.gemini.stream import GeminiStreamTranslator
 from boundedcode_gateway.providers.http import HttpClient
-from boundedcode_gateway.providers.native import NativeUpstream
+from boundedcode_gateway.providers.translating import TranslatingUpstream
 from boundedcode_gateway.reasoning_store.store import TaskReasoning
 
 # 429 RESOURCE_EXHAUSTED, 500 INTERNAL, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED
@@ -41,7 +41,7 @@ GEMINI_CAPABILITIES = Capabilities(
 )
 
 
-class GeminiUpstream(NativeUpstream):
+class GeminiUpstream(TranslatingUpstream):
     """One model profile served by the Gemini API."""
 
     RETRY = GEMINI_RETRY

@@ -41,15 +41,15 @@ from boundedcode_gateway.providers.openai_compat.continuation import (
     continuation_body,
     server_flags_continue,
 )
+from boundedcode_gateway.providers.openai_compat.dialects import (
+    DIALECT_BY_PROVIDER,
+    LLAMA_CPP,
+    Dialect,
+)
 from boundedcode_gateway.providers.openai_compat.mapping import (
     error_from_openai_compat,
     from_openai_compat_response,
     to_openai_compat_request,
-)
-from boundedcode_gateway.providers.openai_compat.profiles import (
-    DIALECT_BY_PROVIDER,
-    LLAMA_CPP,
-    Dialect,
 )
 from boundedcode_gateway.providers.openai_compat.stream import OpenAIStreamTranslator
 from boundedcode_gateway.providers.openai_compat.template_checks import (

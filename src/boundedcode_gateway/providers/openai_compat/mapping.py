@@ -20,7 +20,7 @@ from boundedcode_gateway.policy.reasoning import (
 )
 from boundedcode_gateway.policy.structured import RequestedSchema, requested_schema, strict_schema
 from boundedcode_gateway.providers.base import CallMetrics, CapturedReasoning, RequestOptions
-from boundedcode_gateway.providers.openai_compat.profiles import Dialect
+from boundedcode_gateway.providers.openai_compat.dialects import Dialect
 from boundedcode_gateway.providers.openai_shapes import new_tool_call_id
 from boundedcode_gateway.providers.upstream_errors import upstream_error
 from boundedcode_gateway.reasoning_store.keys import text_of, tool_call_ids

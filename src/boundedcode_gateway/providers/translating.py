@@ -23,7 +23,7 @@ from boundedcode_gateway.providers.base import (
 from boundedcode_gateway.providers.http import HttpClient
 
 
-class NativeUpstream:
+class TranslatingUpstream:
     """The shared half of a translating adapter: identity, key, budget, and the provider's
     documented rules and capabilities (class constants of each adapter)."""
 
