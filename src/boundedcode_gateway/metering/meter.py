@@ -5,18 +5,14 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
+from boundedcode_gateway.clock import utc_now_iso
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.providers.base import CallMetrics
 
 CLIENT_CLOSED = 499  # nginx's convention for "the caller went away"
-
-
-def utc_now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(slots=True)

@@ -21,6 +21,8 @@ from typing import Any
 
 import orjson
 
+from boundedcode_gateway import jsonl
+
 log = logging.getLogger(__name__)
 
 # kind of reasoning → its file in the task folder
@@ -49,9 +51,6 @@ class _Appender:
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[tuple[Path, bytes] | None] = queue.SimpleQueue()
-        # files whose end was checked: only a file written before this process can end
-        # in half a line
-        self._checked: set[Path] = set()
         self._thread = threading.Thread(target=self._run, name="reasoning-appender", daemon=True)
         self._thread.start()
 
@@ -62,13 +61,7 @@ class _Appender:
         while (job := self._queue.get()) is not None:
             path, line = job
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with open(path, "ab") as f:
-                    if path not in self._checked:
-                        self._checked.add(path)
-                        if f.tell() > 0 and not _ends_with_newline(path):
-                            f.write(b"\n")  # a crash left half a line: start afresh
-                    f.write(line)
+                jsonl.append(path, line)
             except OSError:
                 log.exception("cannot append to %s", path)
 
@@ -77,26 +70,15 @@ class _Appender:
         self._thread.join(10)
 
 
-def _ends_with_newline(path: Path) -> bool:
-    with open(path, "rb") as f:
-        f.seek(-1, 2)
-        return f.read(1) == b"\n"
-
-
 def _read_items(path: Path, kind: str) -> list[ReasoningItem]:
     items: list[ReasoningItem] = []
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return items
-    for line in raw.splitlines():
+    for obj in jsonl.read_objects(path):
         try:
-            obj = orjson.loads(line)
             items.append(
                 ReasoningItem(kind, obj["key"], obj["provider"], obj["profile"], obj["data"])
             )
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            continue  # a line cut short by a crash
+        except KeyError:
+            continue  # not a line this store wrote
     return items
 
 

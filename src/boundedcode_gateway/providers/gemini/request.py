@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from boundedcode_gateway.config import ThinkingSettings
 from boundedcode_gateway.errors import InvalidRequest
+from boundedcode_gateway.json_values import is_number
 from boundedcode_gateway.policy.structured import requested_schema
 from boundedcode_gateway.providers.gemini.signatures import (
     SignatureLookup,
@@ -245,7 +246,7 @@ def _generation_config(
     config: dict[str, Any] = {}
     for ours, theirs in (("temperature", "temperature"), ("top_p", "topP")):
         value = body.get(ours)
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if is_number(value):
             config[theirs] = value
     limit = max_output_tokens(body) or default_max_tokens
     if limit is not None:

@@ -23,7 +23,7 @@ from boundedcode_gateway.providers.gemini.response import (
     first_candidate,
     read_usage,
 )
-from boundedcode_gateway.providers.openai_shapes import ChunkWriter, completion_id
+from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, ChunkWriter, Stamps
 
 _NOTHING: tuple[bytes, ...] = ()
 
@@ -36,6 +36,7 @@ class GeminiStreamTranslator:
         "_model",
         "_options",
         "_secrets",
+        "_stamps",
         "_writer",
         "content_started",
         "finished",
@@ -43,7 +44,13 @@ class GeminiStreamTranslator:
         "progress_seen",
     )
 
-    def __init__(self, options: RequestOptions, model: str, secrets: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        options: RequestOptions,
+        model: str,
+        secrets: tuple[str, ...] = (),
+        stamps: Stamps = SYSTEM_STAMPS,
+    ) -> None:
         self.metrics = CallMetrics()
         self.content_started = False
         self.finished = False
@@ -51,7 +58,8 @@ class GeminiStreamTranslator:
         self._options = options
         self._model = model
         self._secrets = secrets
-        self._answer = AnswerParts()
+        self._stamps = stamps
+        self._answer = AnswerParts(stamps)
         self._writer: ChunkWriter | None = None
 
     def feed(self, event: str, data: bytes) -> Sequence[bytes]:
@@ -78,7 +86,7 @@ class GeminiStreamTranslator:
     def _writer_for(self, obj: dict[str, Any]) -> ChunkWriter:
         if self._writer is None:
             self._writer = ChunkWriter(
-                completion_id(obj.get("responseId")), self.metrics.upstream_model or self._model
+                obj.get("responseId"), self.metrics.upstream_model or self._model, self._stamps
             )
         return self._writer
 

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.errors import MalformedResponse
+from boundedcode_gateway.json_values import int_or_none
 from boundedcode_gateway.policy.reasoning import REASONING_KIND
 from boundedcode_gateway.providers.base import (
     CallMetrics,
@@ -31,6 +32,7 @@ from boundedcode_gateway.providers.openai_compat.mapping import (
     read_answer_metrics,
     read_progress,
 )
+from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, Stamps
 from boundedcode_gateway.wire.sse import DONE
 
 _NOTHING: tuple[bytes, ...] = ()
@@ -119,6 +121,7 @@ class OpenAIStreamTranslator:
         "_keep_content",
         "_keep_shown",
         "_secrets",
+        "_stamps",
         "_text",
         "_tool_args",
         "content_started",
@@ -133,6 +136,7 @@ class OpenAIStreamTranslator:
         secrets: tuple[str, ...] = (),
         keep_shown: bool = False,
         continuing: PartialAnswer | None = None,
+        stamps: Stamps = SYSTEM_STAMPS,
     ) -> None:
         self.metrics = CallMetrics()
         # a continuation goes on with content the caller has already seen
@@ -142,6 +146,7 @@ class OpenAIStreamTranslator:
         self._forward_usage = options.include_usage
         self._forward_progress = options.return_progress and continuing is None
         self._secrets = secrets
+        self._stamps = stamps
         # characters of arguments seen per tool-call index
         self._tool_args: dict[int, int] = {}
         self._capture = options.capture_reasoning or options.capture_content
@@ -203,7 +208,7 @@ class OpenAIStreamTranslator:
                 return _NOTHING  # the caller's answer is already open
             changed = self._as_continued(obj) or changed
         elif self._keep_shown and self._first is None:
-            self._first = (_str_or_none(obj.get("id")), _int_or_none(obj.get("created")))
+            self._first = (_str_or_none(obj.get("id")), int_or_none(obj.get("created")))
         if changed:
             data = orjson.dumps(obj)
         text = self._text
@@ -244,7 +249,7 @@ class OpenAIStreamTranslator:
             arguments = function.get("arguments") if isinstance(function, dict) else None
             if index not in self._tool_args:
                 self._tool_args[index] = 0
-                changed = complete_tool_call_head(call) or changed
+                changed = complete_tool_call_head(call, self._stamps) or changed
             self._tool_args[index] += len(arguments) if isinstance(arguments, str) else 0
         return changed
 
@@ -285,7 +290,3 @@ def _opens_only(choice: dict[str, Any]) -> bool:
 
 def _str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
