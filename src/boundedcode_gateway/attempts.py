@@ -14,7 +14,7 @@ from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.policy.retry import decide
 from boundedcode_gateway.providers.base import PreparedRequest, Upstream
-from boundedcode_gateway.providers.http import HttpClient, UpstreamResponse, read_body
+from boundedcode_gateway.upstream.http import HttpClient, UpstreamResponse, read_body
 
 Sleep = Callable[[float], Awaitable[None]]
 

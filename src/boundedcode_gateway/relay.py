@@ -22,13 +22,13 @@ from boundedcode_gateway.discard import discard_chunk
 from boundedcode_gateway.errors import GatewayError, StreamBroken, internal_error
 from boundedcode_gateway.metering.meter import Meter
 from boundedcode_gateway.providers.base import (
-    CallMetrics,
     Continuation,
     PartialAnswer,
     RequestOptions,
     StreamTranslator,
 )
-from boundedcode_gateway.providers.http import UpstreamResponse, iter_body
+from boundedcode_gateway.upstream.http import UpstreamResponse, iter_body
+from boundedcode_gateway.upstream.metrics import CallMetrics
 from boundedcode_gateway.wire.sse import DONE_EVENT, SSEDecoder, SSEEvent, encode_data
 
 # a broken stream is sent once more; a second break is final

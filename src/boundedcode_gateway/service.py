@@ -32,11 +32,13 @@ from boundedcode_gateway.policy.capabilities import check_request
 from boundedcode_gateway.policy.history_diff import HistoryTracker
 from boundedcode_gateway.policy.reasoning import REASONING_FIELD
 from boundedcode_gateway.policy.structured import requested_schema
-from boundedcode_gateway.providers.base import CallMetrics, Capabilities, RequestOptions, Upstream
-from boundedcode_gateway.providers.http import HttpClient, read_body
+from boundedcode_gateway.providers.base import RequestOptions, Upstream
 from boundedcode_gateway.reasoning_store.keys import keys_for, text_of
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.relay import BROKEN_STREAM_RESENDS, StreamRelay
+from boundedcode_gateway.upstream.capabilities import Capabilities
+from boundedcode_gateway.upstream.http import HttpClient, read_body
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 __all__ = ["GatewayService", "JsonAnswer", "StreamAnswer"]
 

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from boundedcode_gateway.errors import ConfigError
-from boundedcode_gateway.providers.proxy import (
+from boundedcode_gateway.upstream.proxy import (
     NoProxy,
     ProxySettings,
     connect_request,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from boundedcode_gateway.errors import GatewayError, UpstreamUnavailable
 from boundedcode_gateway.llama_server.flags import LOOPBACK, ServerCommand
-from boundedcode_gateway.providers.http import HttpClient, read_body
+from boundedcode_gateway.upstream.http import HttpClient, read_body
 
 log = logging.getLogger(__name__)
 

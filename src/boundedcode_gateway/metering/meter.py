@@ -10,7 +10,7 @@ from boundedcode_gateway.clock import utc_now_iso
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.metering.writer import MeterWriter
-from boundedcode_gateway.providers.base import CallMetrics
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 CLIENT_CLOSED = 499  # nginx's convention for "the caller went away"
 

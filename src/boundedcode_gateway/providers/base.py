@@ -1,85 +1,24 @@
 """The seam between the pipeline and the providers.
 
 Defines what every adapter offers (``Upstream``), what a stream translator does
-(``StreamTranslator``), what a model reports it can do (``Capabilities``) and
-what one answer measured (``CallMetrics``). The pipeline sees only these; it
-must not know any provider's wire format.
+(``StreamTranslator``) and the request and options it is given; what lies under
+the adapters (``Capabilities``, ``CallMetrics``, the HTTP client) is in
+``upstream/``. The pipeline sees only these; it must not know any provider's
+wire format.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from boundedcode_gateway.errors import GatewayError
+from boundedcode_gateway.llama_server.cache_keeper import CacheServer
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.reasoning_store.store import TaskReasoning
-
-CapabilitySource = Literal["props", "assumed", "documentation"]
-
-
-@dataclass(frozen=True, slots=True)
-class Capabilities:
-    """What a model profile supports, and where the gateway learned it."""
-
-    streaming: bool
-    reasoning_back: bool
-    structured_output: bool
-    prompt_progress: bool
-    source: CapabilitySource
-    tools: bool = True
-    vision: bool = True
-    context_tokens: int | None = None
-    # why earlier reasoning cannot go back (a reasoning model whose template drops it)
-    reasoning_back_refusal: str | None = None
-
-    # a stream that breaks in a text answer is continued where it broke, not sent again
-    continue_after_break: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "streaming": self.streaming,
-            "reasoning_back": self.reasoning_back,
-            "structured_output": self.structured_output,
-            "prompt_progress": self.prompt_progress,
-            "source": self.source,
-            "tools": self.tools,
-            "vision": self.vision,
-            "context_tokens": self.context_tokens,
-            "reasoning_back_refusal": self.reasoning_back_refusal,
-            "continue_after_break": self.continue_after_break,
-        }
-
-
-@dataclass(slots=True)
-class CapturedReasoning:
-    """An answer's reasoning as the provider wrote it, with what its turn will be found by."""
-
-    kind: str
-    tool_call_ids: list[str]
-    text: str
-    data: Any
-
-
-@dataclass(slots=True)
-class CallMetrics:
-    """What one upstream answer measured, normalised to OpenAI's usage terms."""
-
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    completion_tokens: int | None = None
-    reasoning_tokens: int | None = None
-    evaluated_tokens: int | None = None
-    prefill_ms: float | None = None
-    decode_ms: float | None = None
-    finish_reason: str | None = None
-    upstream_model: str | None = None
-    captured: CapturedReasoning | None = None
-    # the answer's text, kept when a schema was sent (to check the reply against it)
-    answer_text: str | None = None
-    # the whole answer as an assistant message, kept when asked (the cache keeper renders it)
-    answer_message: dict[str, Any] | None = None
+from boundedcode_gateway.upstream.capabilities import Capabilities
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,16 +37,6 @@ class RequestOptions:
     # the caller declared it drops what it showed when a discard event arrives, so a
     # broken stream may be answered again in the same response
     understands_discard: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class CacheServer:
-    """A server whose slots, chat template and prompt cache the gateway can read and warm
-    (llama.cpp): where it listens and what to send it."""
-
-    root: Callable[[], str]
-    headers: Callable[[], dict[str, str]]
-    repair: bool
 
 
 @dataclass(slots=True)

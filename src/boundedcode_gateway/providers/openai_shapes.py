@@ -18,8 +18,8 @@ import orjson
 
 from boundedcode_gateway.errors import InvalidRequest
 from boundedcode_gateway.json_values import is_int
-from boundedcode_gateway.providers.base import CallMetrics
 from boundedcode_gateway.reasoning_store.keys import text_of
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 SYSTEM_ROLES = ("system", "developer")
 

@@ -2,7 +2,8 @@
 
 Items carry task, provider and model profile (reasoning is data with
 provenance). Each task's items live in its folder, one append-only JSONL file
-per kind (``tasks/<task>/local-replay.jsonl`` for llama.cpp's reasoning text),
+per kind, named by the provider that writes the kind (``tasks/<task>/local-replay.jsonl``
+for llama.cpp's reasoning text),
 so a resumed run and a restarted gateway keep them. A partial last line from a
 crash is skipped. Appends go through one background thread, so lines of
 concurrent calls never interleave and the request path never waits on disk.
@@ -14,7 +15,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,15 +25,6 @@ import orjson
 from boundedcode_gateway import jsonl
 
 log = logging.getLogger(__name__)
-
-# kind of reasoning → its file in the task folder
-FILES = {
-    "reasoning_content": "local-replay.jsonl",
-    # Anthropic's thinking and redacted_thinking blocks, byte for byte
-    "anthropic_thinking": "anthropic-thinking.jsonl",
-    # Gemini's thought signatures, with the part each one rides on
-    "gemini_signature": "gemini-signatures.jsonl",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +77,16 @@ def _read_items(path: Path, kind: str) -> list[ReasoningItem]:
 class ReasoningStore:
     """Every task's reasoning, loaded from its folder on first use."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, files: Mapping[str, str]) -> None:
+        """``files``: each kind of reasoning's file in a task folder (the providers name them)."""
         self._tasks_dir = data_dir / "tasks"
+        self._files = dict(files)
         self._items: dict[str, dict[tuple[str, str], ReasoningItem]] = {}
         self._loading: dict[str, asyncio.Lock] = {}
         self._appender: _Appender | None = None
 
     def _path(self, task: str, kind: str) -> Path:
-        return self._tasks_dir / task / FILES[kind]
+        return self._tasks_dir / task / self._files[kind]
 
     async def task(self, task: str) -> TaskReasoning:
         """The task's reasoning, read from disk (off the event loop) the first time."""
@@ -105,7 +99,7 @@ class ReasoningStore:
 
     def _load(self, task: str) -> dict[tuple[str, str], ReasoningItem]:
         items: dict[tuple[str, str], ReasoningItem] = {}
-        for kind in FILES:
+        for kind in self._files:
             for item in _read_items(self._path(task, kind), kind):
                 items[(kind, item.key)] = item
         return items

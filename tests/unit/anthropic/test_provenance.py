@@ -24,6 +24,7 @@ from boundedcode_gateway.providers.anthropic.adapter import (
 )
 from boundedcode_gateway.providers.anthropic.response import THINKING_KIND
 from boundedcode_gateway.providers.base import RequestOptions
+from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store.keys import message_keys
 from boundedcode_gateway.reasoning_store.store import ReasoningItem, ReasoningStore, TaskReasoning
 
@@ -83,7 +84,7 @@ def test_only_this_profiles_thinking_goes_back(
 ) -> None:
     messages = _history(spec)
     with tempfile.TemporaryDirectory() as folder:
-        store = ReasoningStore(Path(folder))
+        store = ReasoningStore(Path(folder), REASONING_FILES)
         own: set[str] = set()
         assistant_at = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         for i, (_, _, _, writer) in zip(assistant_at, spec, strict=True):

@@ -28,19 +28,17 @@ from boundedcode_gateway.providers.anthropic.response import (
     from_anthropic_response,
 )
 from boundedcode_gateway.providers.anthropic.stream import AnthropicStreamTranslator
-from boundedcode_gateway.providers.base import (
-    CallMetrics,
-    Capabilities,
-    PreparedRequest,
-    RequestOptions,
-    StreamTranslator,
-)
-from boundedcode_gateway.providers.http import HttpClient
+from boundedcode_gateway.providers.base import PreparedRequest, RequestOptions, StreamTranslator
 from boundedcode_gateway.providers.translating import TranslatingUpstream
 from boundedcode_gateway.reasoning_store.store import TaskReasoning
+from boundedcode_gateway.upstream.capabilities import Capabilities
+from boundedcode_gateway.upstream.http import HttpClient
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 log = logging.getLogger(__name__)
 
+# the reasoning store's file for thinking blocks, byte for byte, in each task's folder
+REASONING_FILES = {THINKING_KIND: "anthropic-thinking.jsonl"}
 ANTHROPIC_VERSION = "2023-06-01"
 # newer models take no sampling parameters (the SDK's 1.x request types lost them)
 SAMPLING_REFUSAL = re.compile(r"\b(temperature|top_p|top_k)\b")

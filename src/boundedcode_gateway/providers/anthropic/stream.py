@@ -23,8 +23,9 @@ from boundedcode_gateway.providers.anthropic.response import (
     finish_reason,
     read_usage,
 )
-from boundedcode_gateway.providers.base import CallMetrics, PartialAnswer, RequestOptions
+from boundedcode_gateway.providers.base import PartialAnswer, RequestOptions
 from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, ChunkWriter, Stamps
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 _NOTHING: tuple[bytes, ...] = ()
 

@@ -15,21 +15,19 @@ import orjson
 from boundedcode_gateway.config import GatewayConfig, ModelProfile
 from boundedcode_gateway.errors import ConfigError, GatewayError
 from boundedcode_gateway.policy.retry import RetryRules
-from boundedcode_gateway.providers.base import (
-    CallMetrics,
-    Capabilities,
-    PreparedRequest,
-    RequestOptions,
-    StreamTranslator,
-)
+from boundedcode_gateway.providers.base import PreparedRequest, RequestOptions, StreamTranslator
 from boundedcode_gateway.providers.gemini.request import gemini_url, to_gemini_request
 from boundedcode_gateway.providers.gemini.response import error_from_gemini, from_gemini_response
 from boundedcode_gateway.providers.gemini.signatures import SIGNATURE_KIND, TurnSignatures
 from boundedcode_gateway.providers.gemini.stream import GeminiStreamTranslator
-from boundedcode_gateway.providers.http import HttpClient
 from boundedcode_gateway.providers.translating import TranslatingUpstream
 from boundedcode_gateway.reasoning_store.store import TaskReasoning
+from boundedcode_gateway.upstream.capabilities import Capabilities
+from boundedcode_gateway.upstream.http import HttpClient
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
+# the reasoning store's file for thought signatures (with the part each one rides on)
+REASONING_FILES = {SIGNATURE_KIND: "gemini-signatures.jsonl"}
 # 429 RESOURCE_EXHAUSTED, 500 INTERNAL, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED
 GEMINI_RETRY = RetryRules(statuses=frozenset({429, 500, 503, 504}), max_attempts=4)
 GEMINI_CAPABILITIES = Capabilities(

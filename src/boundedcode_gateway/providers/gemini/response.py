@@ -14,7 +14,7 @@ import orjson
 
 from boundedcode_gateway.errors import GatewayError, MalformedResponse
 from boundedcode_gateway.json_values import is_int
-from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
+from boundedcode_gateway.providers.base import RequestOptions
 from boundedcode_gateway.providers.gemini.signatures import SignatureCollector
 from boundedcode_gateway.providers.openai_shapes import (
     SYSTEM_STAMPS,
@@ -24,6 +24,7 @@ from boundedcode_gateway.providers.openai_shapes import (
     tool_call,
 )
 from boundedcode_gateway.providers.upstream_errors import error_from_text, upstream_error
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 # Gemini's finishReason → OpenAI's finish_reason ("stop" becomes "tool_calls" with calls)
 FINISH_REASONS = {

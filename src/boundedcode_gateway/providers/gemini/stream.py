@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.errors import MalformedResponse
-from boundedcode_gateway.providers.base import CallMetrics, PartialAnswer, RequestOptions
+from boundedcode_gateway.providers.base import PartialAnswer, RequestOptions
 from boundedcode_gateway.providers.gemini.response import (
     AnswerParts,
     blocked_prompt,
@@ -24,6 +24,7 @@ from boundedcode_gateway.providers.gemini.response import (
     read_usage,
 )
 from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, ChunkWriter, Stamps
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 _NOTHING: tuple[bytes, ...] = ()
 

@@ -17,6 +17,7 @@ import orjson
 
 from boundedcode_gateway.config import GatewayConfig, ModelProfile, ServerSettings
 from boundedcode_gateway.errors import GatewayError, MissingApiKey
+from boundedcode_gateway.llama_server.cache_keeper import CacheServer
 from boundedcode_gateway.llama_server.flags import ServerCommand, server_command
 from boundedcode_gateway.llama_server.launcher import ManagedLlamaServer
 from boundedcode_gateway.llama_server.locate import (
@@ -27,16 +28,12 @@ from boundedcode_gateway.llama_server.locate import (
 from boundedcode_gateway.policy.reasoning import REASONING_KIND, StoredReasoning
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.providers.base import (
-    CacheServer,
-    CallMetrics,
-    Capabilities,
     Continuation,
     PartialAnswer,
     PreparedRequest,
     RequestOptions,
     StreamTranslator,
 )
-from boundedcode_gateway.providers.http import HttpClient, read_body
 from boundedcode_gateway.providers.openai_compat.continuation import (
     continuation_body,
     server_flags_continue,
@@ -59,8 +56,14 @@ from boundedcode_gateway.providers.openai_compat.template_checks import (
     renders_newline_before_end,
 )
 from boundedcode_gateway.reasoning_store.store import TaskReasoning
+from boundedcode_gateway.upstream.capabilities import Capabilities
+from boundedcode_gateway.upstream.http import HttpClient, read_body
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 log = logging.getLogger(__name__)
+
+# the reasoning store's file for reasoning text, in each task's folder
+REASONING_FILES = {REASONING_KIND: "local-replay.jsonl"}
 
 
 def capabilities_from_props(

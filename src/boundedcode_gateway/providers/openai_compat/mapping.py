@@ -20,11 +20,12 @@ from boundedcode_gateway.policy.reasoning import (
     outgoing_messages,
 )
 from boundedcode_gateway.policy.structured import RequestedSchema, requested_schema, strict_schema
-from boundedcode_gateway.providers.base import CallMetrics, CapturedReasoning, RequestOptions
+from boundedcode_gateway.providers.base import RequestOptions
 from boundedcode_gateway.providers.openai_compat.dialects import Dialect
 from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, Stamps
 from boundedcode_gateway.providers.upstream_errors import upstream_error
 from boundedcode_gateway.reasoning_store.keys import text_of, tool_call_ids
+from boundedcode_gateway.upstream.metrics import CallMetrics, CapturedReasoning
 
 
 def _named_tool_to_required(out: dict[str, Any]) -> None:

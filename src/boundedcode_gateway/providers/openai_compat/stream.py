@@ -20,12 +20,7 @@ import orjson
 from boundedcode_gateway.errors import MalformedResponse
 from boundedcode_gateway.json_values import int_or_none
 from boundedcode_gateway.policy.reasoning import REASONING_KIND
-from boundedcode_gateway.providers.base import (
-    CallMetrics,
-    CapturedReasoning,
-    PartialAnswer,
-    RequestOptions,
-)
+from boundedcode_gateway.providers.base import PartialAnswer, RequestOptions
 from boundedcode_gateway.providers.openai_compat.mapping import (
     complete_tool_call_head,
     error_from_stream_event,
@@ -33,6 +28,7 @@ from boundedcode_gateway.providers.openai_compat.mapping import (
     read_progress,
 )
 from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, Stamps
+from boundedcode_gateway.upstream.metrics import CallMetrics, CapturedReasoning
 from boundedcode_gateway.wire.sse import DONE
 
 _NOTHING: tuple[bytes, ...] = ()
