@@ -32,7 +32,7 @@ from boundedcode_gateway.policy.capabilities import check_request
 from boundedcode_gateway.policy.history_diff import HistoryTracker
 from boundedcode_gateway.policy.reasoning import REASONING_FIELD
 from boundedcode_gateway.policy.structured import requested_schema
-from boundedcode_gateway.providers.base import RequestOptions, Upstream
+from boundedcode_gateway.providers.base import ChatCall, RequestOptions, Upstream
 from boundedcode_gateway.reasoning_store.keys import keys_for, text_of
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.relay import BROKEN_STREAM_RESENDS, StreamRelay
@@ -175,6 +175,7 @@ class GatewayService:
         record.stream = options.stream
         check_request(body, caps, upstream.name)
         task_reasoning = await self._reasoning.task(ctx.task)
+        call = ChatCall(body, options, caps, schema, task_reasoning, ctx.call_id)
         answered = text_of(body["messages"][-1].get("content"))
         conversation = (ctx.task, ctx.purpose, upstream.name)
         previous = self._continuity.previous(conversation) if keeper is not None else None
@@ -199,9 +200,7 @@ class GatewayService:
                 self._follow_cache(keeper, meter, previous, body, sent[-1], metrics, caps)
 
         def send_once(with_schema: bool) -> Awaitable[JsonAnswer | StreamAnswer]:
-            prepared = upstream.prepare(
-                body, options, caps, ctx.call_id, task_reasoning, send_schema=with_schema
-            )
+            prepared = upstream.prepare(call, send_schema=with_schema)
             record.adjustments.update(prepared.adjustments)
             sent.append(prepared.body)
             attempts = Attempts(self._http, upstream, prepared, record)

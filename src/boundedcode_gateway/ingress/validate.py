@@ -17,17 +17,6 @@ TASK_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 PURPOSE = re.compile(r"[a-z_]{1,32}")
 DEFAULT_TASK = "default"
 DEFAULT_PURPOSE = "agent_turn"
-KNOWN_PURPOSES = frozenset(
-    {
-        "agent_turn",
-        "condenser",
-        "compaction",
-        "planner",
-        "contract",
-        "ambiguity_check",
-        "verification",
-    }
-)
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 _BOOL_FIELDS = ("stream", "return_progress", "parallel_tool_calls", "logprobs")

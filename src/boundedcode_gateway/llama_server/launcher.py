@@ -89,10 +89,6 @@ class ManagedLlamaServer:
             )
         return f"http://{LOOPBACK}:{self._port}"
 
-    def command(self) -> ServerCommand:
-        """The command for the current (or next) port."""
-        return self._command_for_port(self._port or free_port())
-
     async def start(self) -> None:
         """Start supervising; return when the server first answers ``/health`` (or times out)."""
         if self._supervisor is None:

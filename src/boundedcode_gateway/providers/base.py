@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.llama_server.cache_keeper import CacheServer
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
+from boundedcode_gateway.policy.structured import RequestedSchema
 from boundedcode_gateway.reasoning_store.store import TaskReasoning
 from boundedcode_gateway.upstream.capabilities import Capabilities
 from boundedcode_gateway.upstream.metrics import CallMetrics
@@ -39,6 +40,21 @@ class RequestOptions:
     understands_discard: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class ChatCall:
+    """One caller request as the service built it, once, for the adapter to translate."""
+
+    # the caller's body, the gateway's own stream option taken out
+    body: dict[str, Any]
+    options: RequestOptions
+    caps: Capabilities
+    # the JSON schema the caller asked for (``response_format``), if any
+    schema: RequestedSchema | None
+    # the task's stored reasoning, where earlier turns are looked up
+    reasoning: TaskReasoning
+    call_id: str
+
+
 @dataclass(slots=True)
 class PreparedRequest:
     """One HTTP request to an upstream, ready to send."""
@@ -46,10 +62,8 @@ class PreparedRequest:
     url: str
     headers: dict[str, str]
     body: bytes
-    stream: bool
     # a resend on a fresh connection cannot do the work twice (idempotency key)
     resend_safe: bool = False
-    secrets: tuple[str, ...] = field(default=())
     # what the adapter changed on its own account, for the call log (``adjustments``)
     adjustments: dict[str, Any] = field(default_factory=dict)
 
@@ -127,16 +141,9 @@ class Upstream(Protocol):
         """What this profile's model supports (may ask the upstream once)."""
         ...
 
-    def prepare(
-        self,
-        body: dict[str, Any],
-        options: RequestOptions,
-        caps: Capabilities,
-        call_id: str,
-        reasoning: TaskReasoning,
-        send_schema: bool,
-    ) -> PreparedRequest:
-        """Translate an OpenAI request body into the provider's request."""
+    def prepare(self, call: ChatCall, send_schema: bool) -> PreparedRequest:
+        """Translate the caller's request into the provider's (with the requested schema only
+        when ``send_schema``)."""
         ...
 
     def learn_from_refusal(self, status: int, message: str) -> bool:

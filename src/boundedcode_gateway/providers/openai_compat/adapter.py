@@ -28,6 +28,7 @@ from boundedcode_gateway.llama_server.locate import (
 from boundedcode_gateway.policy.reasoning import REASONING_KIND, StoredReasoning
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.providers.base import (
+    ChatCall,
     Continuation,
     PartialAnswer,
     PreparedRequest,
@@ -55,7 +56,6 @@ from boundedcode_gateway.providers.openai_compat.template_checks import (
     reasoning_back_refusal,
     renders_newline_before_end,
 )
-from boundedcode_gateway.reasoning_store.store import TaskReasoning
 from boundedcode_gateway.upstream.capabilities import Capabilities
 from boundedcode_gateway.upstream.http import HttpClient, read_body
 from boundedcode_gateway.upstream.metrics import CallMetrics
@@ -110,10 +110,6 @@ class OpenAICompatUpstream:
         self._caps_lock = asyncio.Lock()
         self.managed = _managed_server(name, profile, config, http)
         self._budget = RetryBudget(profile.retry.max_attempts, profile.retry.max_total_s)
-
-    @property
-    def dialect(self) -> Dialect:
-        return self._dialect
 
     @property
     def retry_rules(self) -> RetryRules:
@@ -236,34 +232,28 @@ class OpenAICompatUpstream:
     def _secrets(self) -> tuple[str, ...]:
         return self._profile.secrets()
 
-    def prepare(
-        self,
-        body: dict[str, Any],
-        options: RequestOptions,
-        caps: Capabilities,
-        call_id: str,
-        reasoning: TaskReasoning,
-        send_schema: bool,
-    ) -> PreparedRequest:
+    def prepare(self, call: ChatCall, send_schema: bool) -> PreparedRequest:
         """The HTTP request for this upstream, earlier reasoning restored where it is taken."""
 
         def lookup(keys: Sequence[str]) -> StoredReasoning | None:
-            item = reasoning.find(REASONING_KIND, keys)
+            item = call.reasoning.find(REASONING_KIND, keys)
             if item is None or not isinstance(item.data, str):
                 return None
             return StoredReasoning(item.profile, item.data)
 
+        stream = call.options.stream
         out = to_openai_compat_request(
-            body,
+            call.body,
             model=self.upstream_model,
             dialect=self._dialect,
-            options=options,
-            takes_reasoning=caps.reasoning_back,
+            options=call.options,
+            takes_reasoning=call.caps.reasoning_back,
             profile=self.name,
             lookup=lookup,
             required_on_tool_turns=(
                 self._setting == "keep" and self._dialect.reasoning_on_tool_turns_under_keep
             ),
+            schema=call.schema,
             send_schema=send_schema,
         )
         adjustments: dict[str, Any] = {}
@@ -271,17 +261,15 @@ class OpenAICompatUpstream:
             out["reasoning_budget_message"] = self._budget_message
             adjustments["reasoning_budget_message"] = self._budget_message
         headers = {"Content-Type": "application/json", **self._auth_headers()}
-        if options.stream:
+        if stream:
             headers["Accept"] = "text/event-stream"
         if self._dialect.idempotency_key:
-            headers["Idempotency-Key"] = call_id
+            headers["Idempotency-Key"] = call.call_id
         return PreparedRequest(
             url=self._chat_url(),
             headers=headers,
             body=orjson.dumps(out),
-            stream=options.stream,
             resend_safe=self._dialect.idempotency_key,
-            secrets=self._secrets(),
             adjustments=adjustments,
         )
 

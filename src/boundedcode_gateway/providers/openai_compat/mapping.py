@@ -19,7 +19,7 @@ from boundedcode_gateway.policy.reasoning import (
     no_lookup,
     outgoing_messages,
 )
-from boundedcode_gateway.policy.structured import RequestedSchema, requested_schema, strict_schema
+from boundedcode_gateway.policy.structured import RequestedSchema, strict_schema
 from boundedcode_gateway.providers.base import RequestOptions
 from boundedcode_gateway.providers.openai_compat.dialects import Dialect
 from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, Stamps
@@ -56,12 +56,15 @@ def to_openai_compat_request(
     profile: str = "",
     lookup: Lookup | None = None,
     required_on_tool_turns: bool = False,
+    schema: RequestedSchema | None = None,
     send_schema: bool = True,
 ) -> dict[str, Any]:
     """The upstream's request: the caller's body with the gateway's few changes.
 
     Fields the gateway does not interpret pass through unchanged. ``lookup`` finds a
-    turn's stored reasoning (see ``policy/reasoning.py``).
+    turn's stored reasoning (see ``policy/reasoning.py``); ``schema`` is the one the caller
+    asked for, in its ``response_format``, sent in the dialect's form or, without
+    ``send_schema``, left out.
     """
     out = dict(body)
     out["model"] = model
@@ -83,7 +86,6 @@ def to_openai_compat_request(
         out["messages"] = messages
     if dialect.tool_choice_string_only:
         _named_tool_to_required(out)
-    schema = requested_schema(body)
     if schema is not None:
         if send_schema:
             out["response_format"] = schema_response_format(schema, dialect.strict_schema)
