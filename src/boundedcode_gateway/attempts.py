@@ -1,7 +1,9 @@
 """Sending one prepared request until it is answered, as the retry policy allows.
 
-Owns the attempt count and the per-attempt log of a call; the decisions
-themselves are in ``policy/retry.py``.
+Owns the attempt count and the per-attempt log of a call, and the one rule for
+an answer that broke off (streamed, or a whole body cut short): it is sent once
+more, and a second break is final. The retry decisions themselves are in
+``policy/retry.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from boundedcode_gateway.providers.base import PreparedRequest, Upstream
 from boundedcode_gateway.upstream.http import HttpClient, UpstreamResponse, read_body
 
 Sleep = Callable[[float], Awaitable[None]]
+
+# an answer that broke off is sent once more; a second break is final
+BROKEN_ANSWER_RESENDS = 1
 
 
 class Attempts:
@@ -36,6 +41,7 @@ class Attempts:
         self._record = record
         self._sleep = sleep
         self._started = time.monotonic()
+        self._resends = 0
 
     @property
     def prepared(self) -> PreparedRequest:
@@ -46,6 +52,14 @@ class Attempts:
         other = Attempts(self._http, self._upstream, prepared, self._record, self._sleep)
         other._started = self._started
         return other
+
+    def resend_after_break(self) -> bool:
+        """Whether an answer that broke off is sent again (once); the call is then retried."""
+        if self._resends >= BROKEN_ANSWER_RESENDS:
+            return False
+        self._resends += 1
+        self._record.retried = True
+        return True
 
     def log(self, status: int, code: str | None) -> None:
         """Note how the latest attempt ended."""

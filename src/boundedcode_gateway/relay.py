@@ -31,9 +31,6 @@ from boundedcode_gateway.upstream.http import UpstreamResponse, iter_body
 from boundedcode_gateway.upstream.metrics import CallMetrics
 from boundedcode_gateway.wire.sse import DONE_EVENT, SSEDecoder, SSEEvent, encode_data
 
-# a broken stream is sent once more; a second break is final
-BROKEN_STREAM_RESENDS = 1
-
 ContinueFrom = Callable[[PartialAnswer], Continuation | None]
 
 
@@ -66,7 +63,6 @@ class StreamRelay:
         self._pending: deque[SSEEvent] = deque()
         self._body: AsyncIterator[bytes] | None = None
         self._eof = False
-        self._resends = 0
         self._complete = False
         self._error: GatewayError | None = None
         self._closed = False
@@ -136,11 +132,9 @@ class StreamRelay:
         return StreamBroken("the upstream stream ended with no finish reason and no [DONE]")
 
     async def _resend_after_break(self) -> bool:
-        """Reopen if a resend is left (False when it is not)."""
-        if self._resends >= BROKEN_STREAM_RESENDS:
+        """Reopen if the attempts allow a resend after a break (False when they do not)."""
+        if not self._attempts.resend_after_break():
             return False
-        self._resends += 1
-        self._meter.record.retried = True
         await self._connect()
         return True
 
