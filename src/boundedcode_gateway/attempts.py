@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from boundedcode_gateway.errors import GatewayError
-from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.policy.retry import decide
 from boundedcode_gateway.providers.base import PreparedRequest, Upstream
 from boundedcode_gateway.upstream.http import HttpClient, UpstreamResponse, read_body
@@ -24,21 +25,32 @@ Sleep = Callable[[float], Awaitable[None]]
 BROKEN_ANSWER_RESENDS = 1
 
 
+@dataclass(slots=True)
+class AttemptLog:
+    """What the sends of one call came to: the call's record is filled from it at the end."""
+
+    count: int = 0
+    # each attempt's {"status", "code"}, in order
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    # an answer was sent again, or continued, after it broke off
+    retried: bool = False
+
+
 class Attempts:
-    """The sends of one call; each outcome goes into the record's attempt log."""
+    """The sends of one prepared request; each outcome goes into the call's attempt log."""
 
     def __init__(
         self,
         http: HttpClient,
         upstream: Upstream,
         prepared: PreparedRequest,
-        record: CallRecord,
+        log: AttemptLog,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
         self._http = http
         self._upstream = upstream
         self._prepared = prepared
-        self._record = record
+        self._log = log
         self._sleep = sleep
         self._started = time.monotonic()
         self._resends = 0
@@ -48,8 +60,8 @@ class Attempts:
         return self._prepared
 
     def for_request(self, prepared: PreparedRequest) -> Attempts:
-        """The sends of another request for the same call: one record, budget and clock."""
-        other = Attempts(self._http, self._upstream, prepared, self._record, self._sleep)
+        """The sends of another request for the same call: one log, budget and clock."""
+        other = Attempts(self._http, self._upstream, prepared, self._log, self._sleep)
         other._started = self._started
         return other
 
@@ -58,18 +70,22 @@ class Attempts:
         if self._resends >= BROKEN_ANSWER_RESENDS:
             return False
         self._resends += 1
-        self._record.retried = True
+        self._log.retried = True
         return True
+
+    def continued(self) -> None:
+        """An answer that broke off goes on from where it broke: the call was retried."""
+        self._log.retried = True
 
     def log(self, status: int, code: str | None) -> None:
         """Note how the latest attempt ended."""
-        self._record.attempt_log.append({"status": status, "code": code})
+        self._log.entries.append({"status": status, "code": code})
 
     async def open(self) -> UpstreamResponse:
         """A 200 response to the request, sending again where the policy allows."""
         p = self._prepared
         while True:
-            self._record.attempts += 1
+            self._log.count += 1
             try:
                 resp = await self._http.send(
                     "POST", p.url, p.headers, p.body, resend_safe=p.resend_safe
@@ -94,7 +110,7 @@ class Attempts:
             code=error.code,
             retryable=error.retryable,
             headers=headers,
-            attempt=self._record.attempts,
+            attempt=self._log.count,
             elapsed_s=time.monotonic() - self._started,
             rules=self._upstream.retry_rules,
             budget=self._upstream.retry_budget,

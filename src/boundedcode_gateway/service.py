@@ -48,8 +48,8 @@ class GatewayService:
     async def chat(self, ctx: CallContext, body: dict[str, Any]) -> JsonAnswer | StreamAnswer:
         """Answer one validated chat-completions request."""
         model: str = body["model"]
-        meter = Meter(self._writer, ctx, model)
-        meter.record.messages = len(body["messages"])
+        meter = Meter(self._writer, ctx, model, messages=len(body["messages"]))
+        flow: CallFlow | None = None
         try:
             upstream = self.upstreams.get(model)
             if upstream is None:
@@ -57,17 +57,20 @@ class GatewayService:
                     f"The model '{model}' does not exist on this gateway", param="model"
                 )
             flow = CallFlow(self._shared, meter, upstream, self.keeper(upstream), body)
-            return await flow.run()
+            answer = await flow.run()
         except GatewayError as exc:
-            meter.error(exc)
+            _end(meter, flow, exc)
             raise
         except asyncio.CancelledError:
-            meter.cancelled()
+            _end(meter, flow, None, cancelled=True)
             raise
         except Exception as exc:
             internal = internal_error(ctx.call_id)
-            meter.error(internal)
+            _end(meter, flow, internal)
             raise internal from exc
+        if isinstance(answer, JsonAnswer):
+            flow.end(None)  # a streamed answer's relay ends the call
+        return answer
 
     @property
     def keepers(self) -> dict[str, CacheKeeper]:
@@ -93,3 +96,15 @@ class GatewayService:
     def structured_output_refused(self, upstream: Upstream) -> bool:
         """Whether this profile's upstream refused a schema in its form (for the process's life)."""
         return (upstream.name, upstream.schema_form) in self._shared.schema_refused
+
+
+def _end(
+    meter: Meter, flow: CallFlow | None, error: GatewayError | None, cancelled: bool = False
+) -> None:
+    """Record a call that ended before its answer: through its flow once it has one."""
+    if flow is not None:
+        flow.end(error, cancelled)
+    elif cancelled:
+        meter.cancelled()
+    elif error is not None:
+        meter.error(error)
