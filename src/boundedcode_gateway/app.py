@@ -13,11 +13,11 @@ from boundedcode_gateway.ingress.render import Receive, Send, send_error
 from boundedcode_gateway.ingress.routes import Router
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.providers.base import Upstream
-from boundedcode_gateway.providers.http import HttpClient, Timeouts
-from boundedcode_gateway.providers.proxy import ProxySettings
-from boundedcode_gateway.providers.registry import build_upstreams
+from boundedcode_gateway.providers.registry import REASONING_FILES, build_upstreams
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.service import GatewayService
+from boundedcode_gateway.upstream.http import HttpClient, Timeouts
+from boundedcode_gateway.upstream.proxy import ProxySettings
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class GatewayApp:
         )
         self.upstreams: dict[str, Upstream] = build_upstreams(config, self.http)
         self.writer = MeterWriter(config.calls_path, config.ledger_path, enabled=config.metering)
-        self.reasoning = ReasoningStore(config.data_path)
+        self.reasoning = ReasoningStore(config.data_path, REASONING_FILES)
         self.service = GatewayService(self.upstreams, self.http, self.writer, self.reasoning)
         self.router = Router(self.service, config.max_body_bytes)
         self._started = False

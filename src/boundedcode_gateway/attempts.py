@@ -1,7 +1,9 @@
 """Sending one prepared request until it is answered, as the retry policy allows.
 
-Owns the attempt count and the per-attempt log of a call; the decisions
-themselves are in ``policy/retry.py``.
+Owns the attempt count and the per-attempt log of a call, and the one rule for
+an answer that broke off (streamed, or a whole body cut short): it is sent once
+more, and a second break is final. The retry decisions themselves are in
+``policy/retry.py``.
 """
 
 from __future__ import annotations
@@ -9,53 +11,81 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from boundedcode_gateway.errors import GatewayError
-from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.policy.retry import decide
 from boundedcode_gateway.providers.base import PreparedRequest, Upstream
-from boundedcode_gateway.providers.http import HttpClient, UpstreamResponse, read_body
+from boundedcode_gateway.upstream.http import HttpClient, UpstreamResponse, read_body
 
 Sleep = Callable[[float], Awaitable[None]]
 
+# an answer that broke off is sent once more; a second break is final
+BROKEN_ANSWER_RESENDS = 1
+
+
+@dataclass(slots=True)
+class AttemptLog:
+    """What the sends of one call came to: the call's record is filled from it at the end."""
+
+    count: int = 0
+    # each attempt's {"status", "code"}, in order
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    # an answer was sent again, or continued, after it broke off
+    retried: bool = False
+
 
 class Attempts:
-    """The sends of one call; each outcome goes into the record's attempt log."""
+    """The sends of one prepared request; each outcome goes into the call's attempt log."""
 
     def __init__(
         self,
         http: HttpClient,
         upstream: Upstream,
         prepared: PreparedRequest,
-        record: CallRecord,
+        log: AttemptLog,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
         self._http = http
         self._upstream = upstream
         self._prepared = prepared
-        self._record = record
+        self._log = log
         self._sleep = sleep
         self._started = time.monotonic()
+        self._resends = 0
 
     @property
     def prepared(self) -> PreparedRequest:
         return self._prepared
 
     def for_request(self, prepared: PreparedRequest) -> Attempts:
-        """The sends of another request for the same call: one record, budget and clock."""
-        other = Attempts(self._http, self._upstream, prepared, self._record, self._sleep)
+        """The sends of another request for the same call: one log, budget and clock."""
+        other = Attempts(self._http, self._upstream, prepared, self._log, self._sleep)
         other._started = self._started
         return other
 
+    def resend_after_break(self) -> bool:
+        """Whether an answer that broke off is sent again (once); the call is then retried."""
+        if self._resends >= BROKEN_ANSWER_RESENDS:
+            return False
+        self._resends += 1
+        self._log.retried = True
+        return True
+
+    def continued(self) -> None:
+        """An answer that broke off goes on from where it broke: the call was retried."""
+        self._log.retried = True
+
     def log(self, status: int, code: str | None) -> None:
         """Note how the latest attempt ended."""
-        self._record.attempt_log.append({"status": status, "code": code})
+        self._log.entries.append({"status": status, "code": code})
 
     async def open(self) -> UpstreamResponse:
         """A 200 response to the request, sending again where the policy allows."""
         p = self._prepared
         while True:
-            self._record.attempts += 1
+            self._log.count += 1
             try:
                 resp = await self._http.send(
                     "POST", p.url, p.headers, p.body, resend_safe=p.resend_safe
@@ -80,7 +110,7 @@ class Attempts:
             code=error.code,
             retryable=error.retryable,
             headers=headers,
-            attempt=self._record.attempts,
+            attempt=self._log.count,
             elapsed_s=time.monotonic() - self._started,
             rules=self._upstream.retry_rules,
             budget=self._upstream.retry_budget,

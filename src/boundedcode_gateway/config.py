@@ -14,17 +14,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from boundedcode_gateway.errors import ConfigError
+from boundedcode_gateway.provider_kinds import KINDS, ProviderKind, kinds_that
 
-ProviderKind = Literal["local", "openai", "openai-compatible", "anthropic", "gemini"]
 ReasoningHistory = Literal["auto", "keep", "drop"]
-
-DEFAULT_BASE_URLS: dict[str, str] = {
-    "openai": "https://api.openai.com/v1",
-    "anthropic": "https://api.anthropic.com/v1",
-    "gemini": "https://generativelanguage.googleapis.com/v1beta",
-}
-# the providers whose own API the gateway translates to (not OpenAI-shaped)
-NATIVE_PROVIDERS = ("anthropic", "gemini")
 ThinkingMode = Literal["enabled", "adaptive", "off"]
 # the call log's file name inside the data directory
 CALLS_FILE = "calls.jsonl"
@@ -99,21 +91,22 @@ class ModelProfile(_Strict):
 
     @model_validator(mode="after")
     def _check_provider_keys(self) -> ModelProfile:
-        if self.provider not in NATIVE_PROVIDERS and (self.thinking or self.max_tokens):
+        rules = KINDS[self.provider]
+        if not rules.takes_thinking and (self.thinking or self.max_tokens):
             raise ValueError(
-                f"'thinking' and 'max_tokens' are only for providers 'anthropic' and 'gemini', "
-                f"not {self.provider!r}"
+                f"'thinking' and 'max_tokens' are only for providers "
+                f"{_quoted(kinds_that('takes_thinking'))}, not {self.provider!r}"
             )
-        if self.provider == "local":
+        if rules.local:
             self._check_local()
         elif self.external_url or self.model_path or self.server:
             raise ValueError(
-                f"'external_url', 'model_path' and 'server' are only for provider 'local', "
-                f"not {self.provider!r}"
+                f"'external_url', 'model_path' and 'server' are only for provider "
+                f"{_quoted(kinds_that('local'))}, not {self.provider!r}"
             )
-        if self.provider == "openai-compatible" and not self.base_url:
-            raise ValueError("missing required key 'base_url' for provider 'openai-compatible'")
-        if self.provider in ("openai", "anthropic", "gemini") and not self.api_key_env:
+        if rules.needs_base_url and not self.base_url:
+            raise ValueError(f"missing required key 'base_url' for provider {self.provider!r}")
+        if rules.needs_api_key and not self.api_key_env:
             raise ValueError(f"missing required key 'api_key_env' for provider {self.provider!r}")
         return self
 
@@ -138,7 +131,7 @@ class ModelProfile(_Strict):
         """The URL that ``/chat/completions`` (or the provider's path) is appended to."""
         if self.external_url:
             return self.external_url.rstrip("/") + "/v1"
-        url = self.base_url or DEFAULT_BASE_URLS.get(self.provider, "")
+        url = self.base_url or KINDS[self.provider].default_base_url
         return url.rstrip("/")
 
     def api_key(self) -> str | None:
@@ -202,6 +195,12 @@ class GatewayConfig(_Strict):
 def calls_path_in(data_dir: str | Path) -> Path:
     """The call log inside a data directory (``<data_dir>/calls.jsonl``)."""
     return Path(data_dir) / CALLS_FILE
+
+
+def _quoted(names: list[str]) -> str:
+    """'a', 'b' and 'c'."""
+    quoted = [repr(n) for n in names]
+    return " and ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
 
 
 def _line_index(text: str) -> dict[tuple[str, ...], int]:

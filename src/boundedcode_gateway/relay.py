@@ -14,27 +14,27 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import orjson
 
 from boundedcode_gateway.attempts import Attempts
 from boundedcode_gateway.discard import discard_chunk
 from boundedcode_gateway.errors import GatewayError, StreamBroken, internal_error
-from boundedcode_gateway.metering.meter import Meter
+from boundedcode_gateway.metering.meter import CallContext
 from boundedcode_gateway.providers.base import (
-    CallMetrics,
     Continuation,
     PartialAnswer,
     RequestOptions,
     StreamTranslator,
 )
-from boundedcode_gateway.providers.http import UpstreamResponse, iter_body
+from boundedcode_gateway.upstream.http import UpstreamResponse, iter_body
+from boundedcode_gateway.upstream.metrics import CallMetrics
 from boundedcode_gateway.wire.sse import DONE_EVENT, SSEDecoder, SSEEvent, encode_data
 
-# a broken stream is sent once more; a second break is final
-BROKEN_STREAM_RESENDS = 1
-
 ContinueFrom = Callable[[PartialAnswer], Continuation | None]
+# how the relayed call ended: its error (None when complete), and whether the caller left
+OnEnd = Callable[[GatewayError | None, bool], None]
 
 
 def _no_continuation(partial: PartialAnswer) -> Continuation | None:
@@ -42,18 +42,25 @@ def _no_continuation(partial: PartialAnswer) -> Continuation | None:
 
 
 class StreamRelay:
-    """One streamed call, from its first upstream response to its record."""
+    """One streamed answer, from its first upstream response to the end of the call."""
 
     def __init__(
         self,
-        meter: Meter,
+        ctx: CallContext,
+        model: str,
         attempts: Attempts,
         new_translator: Callable[[], StreamTranslator],
         options: RequestOptions,
         on_success: Callable[[CallMetrics], None],
+        on_end: OnEnd,
         continue_from: ContinueFrom = _no_continuation,
     ) -> None:
-        self._meter = meter
+        self._ctx = ctx
+        self._model = model
+        self._on_end = on_end
+        # what the call's record is filled from when it ends
+        self.ttft_ms: float | None = None
+        self.adjustments: dict[str, Any] = {}
         self._attempts = attempts
         self._new_translator = new_translator
         self._options = options
@@ -66,7 +73,6 @@ class StreamRelay:
         self._pending: deque[SSEEvent] = deque()
         self._body: AsyncIterator[bytes] | None = None
         self._eof = False
-        self._resends = 0
         self._complete = False
         self._error: GatewayError | None = None
         self._closed = False
@@ -128,19 +134,17 @@ class StreamRelay:
                 break
             if until_commit and self._committed():
                 break
-        if t.content_started:
-            self._meter.first_token()
+        if t.content_started and self.ttft_ms is None:
+            self.ttft_ms = self._ctx.elapsed_ms()
         return b"".join(parts), error
 
     def _broken(self) -> StreamBroken:
         return StreamBroken("the upstream stream ended with no finish reason and no [DONE]")
 
     async def _resend_after_break(self) -> bool:
-        """Reopen if a resend is left (False when it is not)."""
-        if self._resends >= BROKEN_STREAM_RESENDS:
+        """Reopen if the attempts allow a resend after a break (False when they do not)."""
+        if not self._attempts.resend_after_break():
             return False
-        self._resends += 1
-        self._meter.record.retried = True
         await self._connect()
         return True
 
@@ -194,7 +198,7 @@ class StreamRelay:
                 yield self._fail(exc)
                 return
             except Exception:
-                yield self._fail(internal_error(self._meter.ctx.call_id))
+                yield self._fail(internal_error(self._ctx.call_id))
                 return
 
     async def _answer_again(self, exc: StreamBroken) -> bytes | None:
@@ -206,7 +210,7 @@ class StreamRelay:
         if shown and await self._continue_partial():
             return b""
         if self._continued:
-            self._meter.record.adjustments["continued_after_break"] = False
+            self.adjustments["continued_after_break"] = False
         if shown and not self._options.understands_discard:
             # a second answer would be glued to the first by a caller that cannot drop it
             return None
@@ -223,10 +227,9 @@ class StreamRelay:
         if continuation is None:
             return False
         self._continued = True
-        record = self._meter.record
-        record.retried = True
-        record.adjustments["continued_after_break"] = True
-        record.adjustments["continued_from"] = {
+        self._attempts.continued()
+        self.adjustments["continued_after_break"] = True
+        self.adjustments["continued_from"] = {
             "content_chars": len(partial.content),
             "reasoning_chars": len(partial.reasoning),
         }
@@ -252,7 +255,7 @@ class StreamRelay:
         yield DONE_EVENT
 
     def _discard(self, reason: str) -> bytes:
-        return discard_chunk(self._meter.ctx.call_id, self._meter.record.model_profile, reason)
+        return discard_chunk(self._ctx.call_id, self._model, reason)
 
     def _fail(self, exc: GatewayError) -> bytes:
         # an answer that ends in an error is recorded as one, however far the upstream got
@@ -272,10 +275,14 @@ class StreamRelay:
             self._resp.close()  # stops generation on the upstream
         self._resp = None
 
+    @property
+    def metrics(self) -> CallMetrics:
+        """What the answer relayed so far measured."""
+        return self._translator.metrics
+
     def release(self) -> None:
         """Give the connection back (or close it, which stops generation upstream)."""
         self._release_response()
-        self._meter.metrics(self._translator.metrics)
 
     def close(self, cancelled: bool = False) -> None:
         """Release the upstream and record the call (once, whatever happened)."""
@@ -284,10 +291,10 @@ class StreamRelay:
         self._closed = True
         self.release()
         if self._complete:
-            self._meter.ok()
+            self._on_end(None, False)
         elif self._error is not None:
-            self._meter.error(self._error)
+            self._on_end(self._error, False)
         elif cancelled:
-            self._meter.cancelled()
+            self._on_end(None, True)
         else:
-            self._meter.error(StreamBroken("the stream to the caller ended early"))
+            self._on_end(StreamBroken("the stream to the caller ended early"), False)

@@ -14,8 +14,9 @@ import orjson
 import pytest
 
 from boundedcode_gateway.policy import structured
-from boundedcode_gateway.providers.base import CallMetrics, RequestOptions, StreamTranslator
+from boundedcode_gateway.providers.base import RequestOptions, StreamTranslator
 from boundedcode_gateway.providers.openai_compat.stream import OpenAIStreamTranslator
+from boundedcode_gateway.upstream.metrics import CallMetrics
 from tests.e2e.conftest import Gateway, Upstreams
 from tests.fakes.common import Reply, parse_sse
 

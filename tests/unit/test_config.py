@@ -95,7 +95,7 @@ def test_bad_config_exits_2_with_one_message(
 def test_every_provider_kind_has_an_adapter() -> None:
     from typing import get_args
 
-    from boundedcode_gateway.config import ProviderKind
+    from boundedcode_gateway.provider_kinds import ProviderKind
     from boundedcode_gateway.providers.registry import FACTORIES
 
     assert set(FACTORIES) == set(get_args(ProviderKind))

@@ -6,18 +6,19 @@ import orjson
 import pytest
 
 from boundedcode_gateway.errors import ContextLengthExceeded, MalformedResponse, UpstreamFailure
-from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
-from boundedcode_gateway.providers.openai_compat.mapping import (
-    error_from_openai_compat,
-    from_openai_compat_response,
-    to_openai_compat_request,
-)
-from boundedcode_gateway.providers.openai_compat.profiles import (
+from boundedcode_gateway.providers.base import RequestOptions
+from boundedcode_gateway.providers.openai_compat.dialects import (
     LLAMA_CPP,
     LOCAL_OPENAI_COMPATIBLE,
     OPENAI,
     OPENAI_COMPATIBLE,
 )
+from boundedcode_gateway.providers.openai_compat.mapping import (
+    error_from_openai_compat,
+    from_openai_compat_response,
+    to_openai_compat_request,
+)
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 STREAM = RequestOptions(stream=True, include_usage=False, return_progress=False)
 PLAIN = RequestOptions(stream=False, include_usage=False, return_progress=False)

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from boundedcode_gateway.errors import ConfigError
-from boundedcode_gateway.providers.proxy import (
+from boundedcode_gateway.upstream.proxy import (
     NoProxy,
     ProxySettings,
     connect_request,
@@ -142,7 +142,13 @@ def test_other_hosts_are_not_loopback(host: str) -> None:
 
 
 _label = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?", fullmatch=True)
-_name = st.lists(_label, min_size=1, max_size=4).map(".".join)
+# a host name, not an address: its last label is never all digits (0.0.0.0 is an address,
+# and 0.0.0.0.0 no subdomain of it)
+_name = (
+    st.lists(_label, min_size=1, max_size=4)
+    .map(".".join)
+    .filter(lambda n: not n.rpartition(".")[2].isdigit())
+)
 
 
 @given(name=_name, sub=_label, others=st.lists(_name, max_size=3), port=st.integers(1, 65535))

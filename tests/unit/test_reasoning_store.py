@@ -10,16 +10,17 @@ from pathlib import Path
 
 import orjson
 
+from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 
 
 async def test_items_survive_a_restart(tmp_path: Path) -> None:
-    store = ReasoningStore(tmp_path)
+    store = ReasoningStore(tmp_path, REASONING_FILES)
     task = await store.task("t1")
     task.keep("reasoning_content", ["text:a", "text:b"], "local", "qwen", "because")
     assert task.find("reasoning_content", ["text:b"]).data == "because"  # type: ignore[union-attr]
     store.close()
-    again = await ReasoningStore(tmp_path).task("t1")
+    again = await ReasoningStore(tmp_path, REASONING_FILES).task("t1")
     item = again.find("reasoning_content", ["nope", "text:a"])
     assert item is not None
     assert (item.provider, item.profile, item.data) == ("local", "qwen", "because")
@@ -31,7 +32,7 @@ async def test_partial_last_line_is_skipped(tmp_path: Path) -> None:
     path.parent.mkdir(parents=True)
     good = orjson.dumps({"key": "text:1", "provider": "local", "profile": "p", "data": "ok"})
     path.write_bytes(good + b"\n" + b'{"key": "text:2", "provid')
-    store = ReasoningStore(tmp_path)
+    store = ReasoningStore(tmp_path, REASONING_FILES)
     task = await store.task("t")
     assert task.find("reasoning_content", ["text:1"]) is not None
     assert task.find("reasoning_content", ["text:2"]) is None
@@ -39,7 +40,7 @@ async def test_partial_last_line_is_skipped(tmp_path: Path) -> None:
     store.close()
     lines = path.read_bytes().splitlines()
     assert orjson.loads(lines[-1])["key"] == "text:3"  # started on a fresh line
-    again = await ReasoningStore(tmp_path).task("t")
+    again = await ReasoningStore(tmp_path, REASONING_FILES).task("t")
     assert again.find("reasoning_content", ["text:3"]) is not None
 
 
@@ -53,7 +54,7 @@ def append_from_a_store_of_its_own(
 ) -> None:
     """One writer: its own store (so its own appender thread) on the shared data folder,
     as two gateways on one folder would be."""
-    store = ReasoningStore(data_dir)
+    store = ReasoningStore(data_dir, REASONING_FILES)
     task = asyncio.run(store.task("busy"))
     start.wait(timeout=60)
     for i in range(LINES_EACH):
@@ -70,7 +71,7 @@ def assert_every_line_whole(data_dir: Path) -> None:
     written = sorted(tuple(orjson.loads(line)["data"].split(":")[:2]) for line in lines)
     expected = sorted((str(w), str(i)) for w in range(WRITERS) for i in range(LINES_EACH))
     assert written == expected
-    task = asyncio.run(ReasoningStore(data_dir).task("busy"))
+    task = asyncio.run(ReasoningStore(data_dir, REASONING_FILES).task("busy"))
     for w in range(WRITERS):
         for i in range(LINES_EACH):
             item = task.find("reasoning_content", [f"text:{w}:{i}"])
@@ -106,7 +107,7 @@ def test_appends_from_several_processes_do_not_interleave(tmp_path: Path) -> Non
 
 
 async def test_calls_without_a_task_share_the_default(tmp_path: Path) -> None:
-    store = ReasoningStore(tmp_path)
+    store = ReasoningStore(tmp_path, REASONING_FILES)
     (await store.task("default")).keep("reasoning_content", ["text:z"], "local", "p", "r")
     assert (await store.task("default")).find("reasoning_content", ["text:z"]) is not None
     assert (await store.task("other")).find("reasoning_content", ["text:z"]) is None

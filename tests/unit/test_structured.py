@@ -17,13 +17,13 @@ from boundedcode_gateway.policy.structured import (
     strict_schema,
 )
 from boundedcode_gateway.providers.base import RequestOptions
-from boundedcode_gateway.providers.openai_compat.mapping import to_openai_compat_request
-from boundedcode_gateway.providers.openai_compat.profiles import (
+from boundedcode_gateway.providers.openai_compat.dialects import (
     LLAMA_CPP,
     LOCAL_OPENAI_COMPATIBLE,
     OPENAI,
     OPENAI_COMPATIBLE,
 )
+from boundedcode_gateway.providers.openai_compat.mapping import to_openai_compat_request
 
 # a nested schema with arrays, enums and optional fields, in the prompt's order
 CONTRACT: dict[str, Any] = {
@@ -79,12 +79,14 @@ def body_with(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def sent(dialect: Any, schema: dict[str, Any], send: bool = True) -> dict[str, Any]:
+    body = body_with(schema)
     return to_openai_compat_request(
-        body_with(schema),
+        body,
         model="m",
         dialect=dialect,
         options=PLAIN,
         takes_reasoning=False,
+        schema=requested_schema(body),
         send_schema=send,
     )
 
@@ -110,13 +112,15 @@ def test_schema_at_the_top_level_is_moved_where_llama_reads_it() -> None:
         "messages": [],
         "response_format": {"type": "json_schema", "schema": CONTRACT},
     }
-    assert requested_schema(body) is not None
+    schema = requested_schema(body)
+    assert schema is not None
     out = to_openai_compat_request(
         body | {"messages": [{"role": "user", "content": "x"}]},
         model="m",
         dialect=LLAMA_CPP,
         options=PLAIN,
         takes_reasoning=False,
+        schema=schema,
     )
     assert out["response_format"]["json_schema"]["schema"] == CONTRACT
 

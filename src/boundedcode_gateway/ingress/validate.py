@@ -11,22 +11,12 @@ from typing import Any
 
 from boundedcode_gateway import discard
 from boundedcode_gateway.errors import InvalidRequest
+from boundedcode_gateway.json_values import is_int, is_number
 
 TASK_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 PURPOSE = re.compile(r"[a-z_]{1,32}")
 DEFAULT_TASK = "default"
 DEFAULT_PURPOSE = "agent_turn"
-KNOWN_PURPOSES = frozenset(
-    {
-        "agent_turn",
-        "condenser",
-        "compaction",
-        "planner",
-        "contract",
-        "ambiguity_check",
-        "verification",
-    }
-)
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 _BOOL_FIELDS = ("stream", "return_progress", "parallel_tool_calls", "logprobs")
@@ -137,11 +127,11 @@ def _check_scalars(body: dict[str, Any]) -> None:
             raise _wrong_type(name, "boolean", body[name])
     for name in _INT_FIELDS:
         v = body.get(name)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+        if v is not None and not is_int(v):
             raise _wrong_type(name, "integer", v)
     for name in _NUMBER_FIELDS:
         v = body.get(name)
-        if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)):
+        if v is not None and not is_number(v):
             raise _wrong_type(name, "number", v)
     for name in _OBJECT_FIELDS:
         v = body.get(name)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,14 +36,23 @@ from boundedcode_gateway.policy.cache_misses import (
     common_prefix_length,
     token_ends_after,
 )
-from boundedcode_gateway.providers.base import CacheServer
-from boundedcode_gateway.providers.http import HttpClient, read_body
+from boundedcode_gateway.upstream.http import HttpClient, read_body
 
 log = logging.getLogger(__name__)
 
 REPAIR_PURPOSE = "cache_repair"
 # A message the next request will not hold: the rendering is cut where it begins.
 _SENTINEL = "\u2063boundedcode-next-message\u2063"
+
+
+@dataclass(frozen=True, slots=True)
+class CacheServer:
+    """A server whose slots, chat template and prompt cache the gateway can read and warm
+    (llama.cpp): where it listens and what to send it."""
+
+    root: Callable[[], str]
+    headers: Callable[[], dict[str, str]]
+    repair: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from boundedcode_gateway.errors import GatewayError, UpstreamUnavailable
 from boundedcode_gateway.llama_server.flags import LOOPBACK, ServerCommand
-from boundedcode_gateway.providers.http import HttpClient, read_body
+from boundedcode_gateway.upstream.http import HttpClient, read_body
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +88,6 @@ class ManagedLlamaServer:
                 f"the llama-server of model '{self.name}' is {state}; try again shortly"
             )
         return f"http://{LOOPBACK}:{self._port}"
-
-    def command(self) -> ServerCommand:
-        """The command for the current (or next) port."""
-        return self._command_for_port(self._port or free_port())
 
     async def start(self) -> None:
         """Start supervising; return when the server first answers ``/health`` (or times out)."""

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from boundedcode_gateway import jsonl
 from boundedcode_gateway.metering.records import CallRecord
 
 
@@ -21,17 +22,7 @@ def append_lines(path: Path, records: Sequence[CallRecord]) -> None:
     if not records:
         return
     # orjson serialises the dataclass itself, in field order, as to_dict() would read
-    data = b"".join(orjson.dumps(r) + b"\n" for r in records)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+b") as f:
-        # A crash can leave a last line without its newline; start on a fresh line
-        # so that the first new record is not glued to the broken one.
-        if f.seek(0, 2) > 0:
-            f.seek(-1, 2)
-            if f.read(1) != b"\n":
-                data = b"\n" + data
-        f.write(data)
-        f.flush()
+    jsonl.append(path, b"".join(orjson.dumps(r) + b"\n" for r in records))
 
 
 def read_calls(
@@ -44,23 +35,7 @@ def read_calls(
     if last is not None and last <= 0:
         return []
     rows: deque[dict[str, Any]] = deque(maxlen=last)
-    try:
-        f = path.open("rb")
-    except FileNotFoundError:
-        return []
-    with f:
-        for line in f:
-            row = _parse(line)
-            if row is not None and (task is None or row.get("task") == task):
-                rows.append(row)
+    for row in jsonl.read_objects(path):
+        if task is None or row.get("task") == task:
+            rows.append(row)
     return list(rows)
-
-
-def _parse(line: bytes) -> dict[str, Any] | None:
-    if not line.strip():
-        return None
-    try:
-        value = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None

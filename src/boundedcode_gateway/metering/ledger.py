@@ -12,12 +12,12 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
 from importlib.resources import files
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+from boundedcode_gateway.clock import utc_now_iso
 from boundedcode_gateway.metering.records import LEDGER_FIELDS, CallRecord
 
 MIGRATIONS_PACKAGE = "boundedcode_gateway.metering"
@@ -83,10 +83,6 @@ def load_migrations() -> list[Migration]:
             raise RuntimeError(f"two migrations numbered {version:04d}: {entry.name}")
         found[version] = Migration(version, match.group(2), entry.read_text(encoding="utf-8"))
     return [found[v] for v in sorted(found)]
-
-
-def _utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class Ledger:
@@ -179,7 +175,7 @@ def _migrate(conn: sqlite3.Connection) -> None:
                 continue
             for statement in migration.statements():
                 conn.execute(statement)
-            conn.execute(INSERT_MIGRATION_SQL, (migration.version, migration.name, _utc_now()))
+            conn.execute(INSERT_MIGRATION_SQL, (migration.version, migration.name, utc_now_iso()))
 
 
 def _row_dict(row: Sequence[Any]) -> dict[str, Any]:

@@ -5,18 +5,14 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
+from boundedcode_gateway.clock import utc_now_iso
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.metering.writer import MeterWriter
-from boundedcode_gateway.providers.base import CallMetrics
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 CLIENT_CLOSED = 499  # nginx's convention for "the caller went away"
-
-
-def utc_now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(slots=True)
@@ -42,12 +38,27 @@ class CallContext:
         return round((time.perf_counter() - self.started) * 1000.0, 3)
 
 
+def derived_ttft(elapsed_ms: float, m: CallMetrics) -> float | None:
+    """A non-streamed answer's time to first token, from the server's own timings: the
+    time until now less decoding, plus one token's decode time (None without them)."""
+    if m.decode_ms is None or not m.completion_tokens:
+        return None
+    decode = m.decode_ms
+    return round(max(0.0, elapsed_ms - decode + decode / m.completion_tokens), 3)
+
+
 class Meter:
-    """Fills one call's record and submits it exactly once."""
+    """Holds one call's record, its identity and outcome, and submits it exactly once.
+
+    The call's own fields are filled by whoever ran the call, from what its steps
+    returned (``call_flow.CallFlow``), before the outcome is submitted.
+    """
 
     __slots__ = ("_done", "_writer", "ctx", "record")
 
-    def __init__(self, writer: MeterWriter, ctx: CallContext, model: str) -> None:
+    def __init__(
+        self, writer: MeterWriter, ctx: CallContext, model: str, messages: int = 0
+    ) -> None:
         self._writer = writer
         self.ctx = ctx
         self.record = CallRecord(
@@ -56,25 +67,9 @@ class Meter:
             task=ctx.task,
             purpose=ctx.purpose,
             model_profile=model,
+            messages=messages,
         )
         self._done = False
-
-    def metrics(self, m: CallMetrics) -> None:
-        r = self.record
-        r.prompt_tokens = m.prompt_tokens
-        r.cached_tokens = m.cached_tokens
-        r.completion_tokens = m.completion_tokens
-        r.reasoning_tokens = m.reasoning_tokens
-        r.evaluated_tokens = m.evaluated_tokens
-        r.prefill_ms = m.prefill_ms
-        r.decode_ms = m.decode_ms
-        r.finish_reason = m.finish_reason
-        if m.upstream_model:
-            r.upstream_model = m.upstream_model
-
-    def first_token(self) -> None:
-        if self.record.ttft_ms is None:
-            self.record.ttft_ms = self.ctx.elapsed_ms()
 
     def ok(self, http_status: int = 200) -> None:
         self._submit("ok", http_status, None)
@@ -88,17 +83,6 @@ class Meter:
     def abandoned(self) -> None:
         """Work of the gateway's own that gave way to a caller's call."""
         self._submit("error", CLIENT_CLOSED, "abandoned")
-
-    def derive_ttft(self, m: CallMetrics) -> None:
-        """A non-streamed answer's time to first token, from the server's own timings: the
-        time until now less decoding, plus one token's decode time."""
-        if self.record.ttft_ms is not None or m.decode_ms is None or not m.completion_tokens:
-            return
-        decode = m.decode_ms
-        self.record.ttft_ms = round(
-            max(0.0, self.ctx.elapsed_ms() - decode + decode / m.completion_tokens), 3
-        )
-        self.record.ttft_derived = True
 
     def _submit(self, status: str, http_status: int, code: str | None) -> None:
         if self._done:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from boundedcode_gateway.errors import CapabilityMissing
-from boundedcode_gateway.providers.base import Capabilities
+from boundedcode_gateway.upstream.capabilities import Capabilities
 
 
 def _has_image(messages: list[Any]) -> bool:

@@ -1,85 +1,25 @@
 """The seam between the pipeline and the providers.
 
 Defines what every adapter offers (``Upstream``), what a stream translator does
-(``StreamTranslator``), what a model reports it can do (``Capabilities``) and
-what one answer measured (``CallMetrics``). The pipeline sees only these; it
-must not know any provider's wire format.
+(``StreamTranslator``) and the request and options it is given; what lies under
+the adapters (``Capabilities``, ``CallMetrics``, the HTTP client) is in
+``upstream/``. The pipeline sees only these; it must not know any provider's
+wire format.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from boundedcode_gateway.errors import GatewayError
+from boundedcode_gateway.llama_server.cache_keeper import CacheServer
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
+from boundedcode_gateway.policy.structured import RequestedSchema
 from boundedcode_gateway.reasoning_store.store import TaskReasoning
-
-CapabilitySource = Literal["props", "assumed", "documentation"]
-
-
-@dataclass(frozen=True, slots=True)
-class Capabilities:
-    """What a model profile supports, and where the gateway learned it."""
-
-    streaming: bool
-    reasoning_back: bool
-    structured_output: bool
-    prompt_progress: bool
-    source: CapabilitySource
-    tools: bool = True
-    vision: bool = True
-    context_tokens: int | None = None
-    # why earlier reasoning cannot go back (a reasoning model whose template drops it)
-    reasoning_back_refusal: str | None = None
-
-    # a stream that breaks in a text answer is continued where it broke, not sent again
-    continue_after_break: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "streaming": self.streaming,
-            "reasoning_back": self.reasoning_back,
-            "structured_output": self.structured_output,
-            "prompt_progress": self.prompt_progress,
-            "source": self.source,
-            "tools": self.tools,
-            "vision": self.vision,
-            "context_tokens": self.context_tokens,
-            "reasoning_back_refusal": self.reasoning_back_refusal,
-            "continue_after_break": self.continue_after_break,
-        }
-
-
-@dataclass(slots=True)
-class CapturedReasoning:
-    """An answer's reasoning as the provider wrote it, with what its turn will be found by."""
-
-    kind: str
-    tool_call_ids: list[str]
-    text: str
-    data: Any
-
-
-@dataclass(slots=True)
-class CallMetrics:
-    """What one upstream answer measured, normalised to OpenAI's usage terms."""
-
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    completion_tokens: int | None = None
-    reasoning_tokens: int | None = None
-    evaluated_tokens: int | None = None
-    prefill_ms: float | None = None
-    decode_ms: float | None = None
-    finish_reason: str | None = None
-    upstream_model: str | None = None
-    captured: CapturedReasoning | None = None
-    # the answer's text, kept when a schema was sent (to check the reply against it)
-    answer_text: str | None = None
-    # the whole answer as an assistant message, kept when asked (the cache keeper renders it)
-    answer_message: dict[str, Any] | None = None
+from boundedcode_gateway.upstream.capabilities import Capabilities
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,13 +41,18 @@ class RequestOptions:
 
 
 @dataclass(frozen=True, slots=True)
-class CacheServer:
-    """A server whose slots, chat template and prompt cache the gateway can read and warm
-    (llama.cpp): where it listens and what to send it."""
+class ChatCall:
+    """One caller request as the service built it, once, for the adapter to translate."""
 
-    root: Callable[[], str]
-    headers: Callable[[], dict[str, str]]
-    repair: bool
+    # the caller's body, the gateway's own stream option taken out
+    body: dict[str, Any]
+    options: RequestOptions
+    caps: Capabilities
+    # the JSON schema the caller asked for (``response_format``), if any
+    schema: RequestedSchema | None
+    # the task's stored reasoning, where earlier turns are looked up
+    reasoning: TaskReasoning
+    call_id: str
 
 
 @dataclass(slots=True)
@@ -117,10 +62,8 @@ class PreparedRequest:
     url: str
     headers: dict[str, str]
     body: bytes
-    stream: bool
     # a resend on a fresh connection cannot do the work twice (idempotency key)
     resend_safe: bool = False
-    secrets: tuple[str, ...] = field(default=())
     # what the adapter changed on its own account, for the call log (``adjustments``)
     adjustments: dict[str, Any] = field(default_factory=dict)
 
@@ -198,16 +141,9 @@ class Upstream(Protocol):
         """What this profile's model supports (may ask the upstream once)."""
         ...
 
-    def prepare(
-        self,
-        body: dict[str, Any],
-        options: RequestOptions,
-        caps: Capabilities,
-        call_id: str,
-        reasoning: TaskReasoning,
-        send_schema: bool,
-    ) -> PreparedRequest:
-        """Translate an OpenAI request body into the provider's request."""
+    def prepare(self, call: ChatCall, send_schema: bool) -> PreparedRequest:
+        """Translate the caller's request into the provider's (with the requested schema only
+        when ``send_schema``)."""
         ...
 
     def learn_from_refusal(self, status: int, message: str) -> bool:

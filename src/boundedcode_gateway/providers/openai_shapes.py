@@ -10,15 +10,16 @@ from __future__ import annotations
 import binascii
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from boundedcode_gateway.errors import InvalidRequest
-from boundedcode_gateway.providers.base import CallMetrics
+from boundedcode_gateway.json_values import is_int
 from boundedcode_gateway.reasoning_store.keys import text_of
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 SYSTEM_ROLES = ("system", "developer")
 
@@ -107,7 +108,7 @@ def max_output_tokens(body: dict[str, Any]) -> int | None:
     """The caller's limit on the answer: ``max_completion_tokens``, else ``max_tokens``."""
     for key in ("max_completion_tokens", "max_tokens"):
         value = body.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
+        if is_int(value):
             return value
     return None
 
@@ -145,16 +146,33 @@ def usage_object(metrics: CallMetrics) -> dict[str, Any]:
     return usage
 
 
-def new_tool_call_id() -> str:
-    """An id in OpenAI's form for a tool call the upstream left without one."""
-    return "call_" + secrets.token_hex(12)
+def _random_hex() -> str:
+    return secrets.token_hex(12)
 
 
-def completion_id(upstream_id: Any) -> str:
-    """The caller's completion id: the upstream's own answer id when it sent one."""
-    if isinstance(upstream_id, str) and upstream_id:
-        return "chatcmpl-" + upstream_id
-    return "chatcmpl-" + secrets.token_hex(12)
+@dataclass(frozen=True, slots=True)
+class Stamps:
+    """Where an answer's time and the ids the gateway makes come from: the system clock and
+    random ids, or fixed ones, with which a translator's output is the same on every run."""
+
+    clock: Callable[[], float] = time.time
+    random_hex: Callable[[], str] = _random_hex
+
+    def created(self) -> int:
+        return int(self.clock())
+
+    def completion_id(self, upstream_id: Any) -> str:
+        """The caller's completion id: the upstream's own answer id when it sent one."""
+        if isinstance(upstream_id, str) and upstream_id:
+            return "chatcmpl-" + upstream_id
+        return "chatcmpl-" + self.random_hex()
+
+    def tool_call_id(self) -> str:
+        """An id in OpenAI's form for a tool call the upstream left without one."""
+        return "call_" + self.random_hex()
+
+
+SYSTEM_STAMPS = Stamps()
 
 
 def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
@@ -180,14 +198,19 @@ class AnswerMessage:
 
 
 def completion_body(
-    completion_id: str, model: str, message: AnswerMessage, finish: str, metrics: CallMetrics
+    upstream_id: Any,
+    model: str,
+    message: AnswerMessage,
+    finish: str,
+    metrics: CallMetrics,
+    stamps: Stamps = SYSTEM_STAMPS,
 ) -> bytes:
-    """A non-streamed ``chat.completion``."""
+    """A non-streamed ``chat.completion`` (its id from the upstream's answer id, if any)."""
     return orjson.dumps(
         {
-            "id": completion_id,
+            "id": stamps.completion_id(upstream_id),
             "object": "chat.completion",
-            "created": int(time.time()),
+            "created": stamps.created(),
             "model": model,
             "choices": [
                 {
@@ -207,12 +230,12 @@ class ChunkWriter:
 
     __slots__ = ("_head", "_role_sent")
 
-    def __init__(self, completion_id: str, model: str) -> None:
+    def __init__(self, upstream_id: Any, model: str, stamps: Stamps = SYSTEM_STAMPS) -> None:
         self._head = (
             b'{"id":'
-            + orjson.dumps(completion_id)
+            + orjson.dumps(stamps.completion_id(upstream_id))
             + b',"object":"chat.completion.chunk","created":'
-            + str(int(time.time())).encode()
+            + str(stamps.created()).encode()
             + b',"model":'
             + orjson.dumps(model)
         )

@@ -2,7 +2,8 @@
 
 Items carry task, provider and model profile (reasoning is data with
 provenance). Each task's items live in its folder, one append-only JSONL file
-per kind (``tasks/<task>/local-replay.jsonl`` for llama.cpp's reasoning text),
+per kind, named by the provider that writes the kind (``tasks/<task>/local-replay.jsonl``
+for llama.cpp's reasoning text),
 so a resumed run and a restarted gateway keep them. A partial last line from a
 crash is skipped. Appends go through one background thread, so lines of
 concurrent calls never interleave and the request path never waits on disk.
@@ -14,23 +15,16 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-log = logging.getLogger(__name__)
+from boundedcode_gateway import jsonl
 
-# kind of reasoning → its file in the task folder
-FILES = {
-    "reasoning_content": "local-replay.jsonl",
-    # Anthropic's thinking and redacted_thinking blocks, byte for byte
-    "anthropic_thinking": "anthropic-thinking.jsonl",
-    # Gemini's thought signatures, with the part each one rides on
-    "gemini_signature": "gemini-signatures.jsonl",
-}
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +43,6 @@ class _Appender:
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[tuple[Path, bytes] | None] = queue.SimpleQueue()
-        # files whose end was checked: only a file written before this process can end
-        # in half a line
-        self._checked: set[Path] = set()
         self._thread = threading.Thread(target=self._run, name="reasoning-appender", daemon=True)
         self._thread.start()
 
@@ -62,13 +53,7 @@ class _Appender:
         while (job := self._queue.get()) is not None:
             path, line = job
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with open(path, "ab") as f:
-                    if path not in self._checked:
-                        self._checked.add(path)
-                        if f.tell() > 0 and not _ends_with_newline(path):
-                            f.write(b"\n")  # a crash left half a line: start afresh
-                    f.write(line)
+                jsonl.append(path, line)
             except OSError:
                 log.exception("cannot append to %s", path)
 
@@ -77,40 +62,31 @@ class _Appender:
         self._thread.join(10)
 
 
-def _ends_with_newline(path: Path) -> bool:
-    with open(path, "rb") as f:
-        f.seek(-1, 2)
-        return f.read(1) == b"\n"
-
-
 def _read_items(path: Path, kind: str) -> list[ReasoningItem]:
     items: list[ReasoningItem] = []
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return items
-    for line in raw.splitlines():
+    for obj in jsonl.read_objects(path):
         try:
-            obj = orjson.loads(line)
             items.append(
                 ReasoningItem(kind, obj["key"], obj["provider"], obj["profile"], obj["data"])
             )
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            continue  # a line cut short by a crash
+        except KeyError:
+            continue  # not a line this store wrote
     return items
 
 
 class ReasoningStore:
     """Every task's reasoning, loaded from its folder on first use."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, files: Mapping[str, str]) -> None:
+        """``files``: each kind of reasoning's file in a task folder (the providers name them)."""
         self._tasks_dir = data_dir / "tasks"
+        self._files = dict(files)
         self._items: dict[str, dict[tuple[str, str], ReasoningItem]] = {}
         self._loading: dict[str, asyncio.Lock] = {}
         self._appender: _Appender | None = None
 
     def _path(self, task: str, kind: str) -> Path:
-        return self._tasks_dir / task / FILES[kind]
+        return self._tasks_dir / task / self._files[kind]
 
     async def task(self, task: str) -> TaskReasoning:
         """The task's reasoning, read from disk (off the event loop) the first time."""
@@ -123,7 +99,7 @@ class ReasoningStore:
 
     def _load(self, task: str) -> dict[tuple[str, str], ReasoningItem]:
         items: dict[tuple[str, str], ReasoningItem] = {}
-        for kind in FILES:
+        for kind in self._files:
             for item in _read_items(self._path(task, kind), kind):
                 items[(kind, item.key)] = item
         return items

@@ -23,7 +23,8 @@ from boundedcode_gateway.providers.anthropic.adapter import (
     AnthropicUpstream,
 )
 from boundedcode_gateway.providers.anthropic.response import THINKING_KIND
-from boundedcode_gateway.providers.base import RequestOptions
+from boundedcode_gateway.providers.base import ChatCall, RequestOptions
+from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store.keys import message_keys
 from boundedcode_gateway.reasoning_store.store import ReasoningItem, ReasoningStore, TaskReasoning
 
@@ -83,7 +84,7 @@ def test_only_this_profiles_thinking_goes_back(
 ) -> None:
     messages = _history(spec)
     with tempfile.TemporaryDirectory() as folder:
-        store = ReasoningStore(Path(folder))
+        store = ReasoningStore(Path(folder), REASONING_FILES)
         own: set[str] = set()
         assistant_at = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         for i, (_, _, _, writer) in zip(assistant_at, spec, strict=True):
@@ -97,14 +98,15 @@ def test_only_this_profiles_thinking_goes_back(
             if (provider, profile) == ("anthropic", "claude"):
                 own.add(signature)
         upstream = AnthropicUpstream("claude", CONFIG.models["claude"], CONFIG, None)  # type: ignore[arg-type]
-        prepared = upstream.prepare(
+        call = ChatCall(
             {"model": "claude", "messages": messages},
             OPTIONS,
             ANTHROPIC_CAPABILITIES,
-            "call-1",
+            None,
             TaskReasoning(store, "t"),
-            send_schema=False,
+            "call-1",
         )
+        prepared = upstream.prepare(call, send_schema=False)
         store.close()
     body = orjson.loads(prepared.body)
     sent = {

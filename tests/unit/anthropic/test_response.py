@@ -23,7 +23,8 @@ from boundedcode_gateway.providers.anthropic.response import (
     from_anthropic_response,
 )
 from boundedcode_gateway.providers.anthropic.stream import AnthropicStreamTranslator
-from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
+from boundedcode_gateway.providers.base import RequestOptions
+from boundedcode_gateway.upstream.metrics import CallMetrics
 from tests.fakes.anthropic_api import message_events
 
 THINKING = {

@@ -9,6 +9,7 @@ import pytest
 
 from boundedcode_gateway.config import ThinkingSettings
 from boundedcode_gateway.errors import InvalidRequest
+from boundedcode_gateway.policy.structured import requested_schema
 from boundedcode_gateway.providers.gemini.request import (
     gemini_url,
     to_gemini_request,
@@ -228,10 +229,14 @@ def test_schema_sent_or_left_out() -> None:
         "messages": [{"role": "user", "content": "x"}],
         "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
     }
-    config = to_gemini_request(body, model="gemini-3-flash", thinking=None).body["generationConfig"]
+    requested = requested_schema(body)
+    out = to_gemini_request(body, model="gemini-3-flash", thinking=None, schema=requested)
+    config = out.body["generationConfig"]
     assert config["responseMimeType"] == "application/json"
     assert config["responseJsonSchema"] is schema  # as the caller wrote it, field order kept
-    without = to_gemini_request(body, model="gemini-3-flash", thinking=None, send_schema=False)
+    without = to_gemini_request(
+        body, model="gemini-3-flash", thinking=None, schema=requested, send_schema=False
+    )
     assert "responseJsonSchema" not in without.body["generationConfig"]
     assert "responseMimeType" not in without.body["generationConfig"]
 

@@ -8,13 +8,14 @@ import orjson
 import pytest
 
 from boundedcode_gateway.errors import ContextLengthExceeded, MalformedResponse, UpstreamFailure
-from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
+from boundedcode_gateway.providers.base import RequestOptions
 from boundedcode_gateway.providers.gemini.response import (
     error_from_gemini,
     finish_reason,
     from_gemini_response,
 )
 from boundedcode_gateway.providers.gemini.signatures import SIGNATURE_KIND
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 CAPTURE = RequestOptions(
     stream=False,

@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from boundedcode_gateway.errors import GatewayError, MalformedResponse
-from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
+from boundedcode_gateway.providers.base import RequestOptions
 from boundedcode_gateway.providers.gemini.response import from_gemini_response
 from boundedcode_gateway.providers.gemini.stream import GeminiStreamTranslator
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 OPTIONS = RequestOptions(
     stream=True,

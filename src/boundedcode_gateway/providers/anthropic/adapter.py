@@ -16,7 +16,6 @@ import orjson
 from boundedcode_gateway.config import GatewayConfig, ModelProfile
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.policy.retry import RetryRules
-from boundedcode_gateway.policy.structured import requested_schema
 from boundedcode_gateway.providers.anthropic.request import (
     AnthropicTarget,
     ThinkingBlocks,
@@ -29,18 +28,20 @@ from boundedcode_gateway.providers.anthropic.response import (
 )
 from boundedcode_gateway.providers.anthropic.stream import AnthropicStreamTranslator
 from boundedcode_gateway.providers.base import (
-    CallMetrics,
-    Capabilities,
+    ChatCall,
     PreparedRequest,
     RequestOptions,
     StreamTranslator,
 )
-from boundedcode_gateway.providers.http import HttpClient
-from boundedcode_gateway.providers.native import NativeUpstream
-from boundedcode_gateway.reasoning_store.store import TaskReasoning
+from boundedcode_gateway.providers.translating import TranslatingUpstream
+from boundedcode_gateway.upstream.capabilities import Capabilities
+from boundedcode_gateway.upstream.http import HttpClient
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 log = logging.getLogger(__name__)
 
+# the reasoning store's file for thinking blocks, byte for byte, in each task's folder
+REASONING_FILES = {THINKING_KIND: "anthropic-thinking.jsonl"}
 ANTHROPIC_VERSION = "2023-06-01"
 # newer models take no sampling parameters (the SDK's 1.x request types lost them)
 SAMPLING_REFUSAL = re.compile(r"\b(temperature|top_p|top_k)\b")
@@ -70,7 +71,7 @@ def stored_blocks(data: Any) -> ThinkingBlocks | None:
     return out or None
 
 
-class AnthropicUpstream(NativeUpstream):
+class AnthropicUpstream(TranslatingUpstream):
     """One model profile served by Anthropic (or a server that speaks its Messages API)."""
 
     RETRY = ANTHROPIC_RETRY
@@ -84,29 +85,22 @@ class AnthropicUpstream(NativeUpstream):
         # set once the model refused temperature / top_p: they are left out from then on
         self._sampling_refused = False
 
-    def prepare(
-        self,
-        body: dict[str, Any],
-        options: RequestOptions,
-        caps: Capabilities,
-        call_id: str,
-        reasoning: TaskReasoning,
-        send_schema: bool,
-    ) -> PreparedRequest:
+    def prepare(self, call: ChatCall, send_schema: bool) -> PreparedRequest:
         """The Messages API request, with this profile's earlier thinking put back."""
+        stream = call.options.stream
 
         def lookup(keys: Sequence[str]) -> ThinkingBlocks | None:
-            item = reasoning.find(THINKING_KIND, keys)
+            item = call.reasoning.find(THINKING_KIND, keys)
             if item is None or item.profile != self.name or item.provider != self.provider:
                 return None
             return stored_blocks(item.data)
 
         translated = to_anthropic_request(
-            body,
+            call.body,
             self._target,
-            stream=options.stream,
+            stream=stream,
             lookup=lookup,
-            schema=requested_schema(body) if send_schema else None,
+            schema=call.schema if send_schema else None,
             sampling=not self._sampling_refused,
         )
         headers = {
@@ -114,14 +108,12 @@ class AnthropicUpstream(NativeUpstream):
             "x-api-key": self._key(),
             "anthropic-version": ANTHROPIC_VERSION,
         }
-        if options.stream:
+        if stream:
             headers["accept"] = "text/event-stream"
         return PreparedRequest(
             url=self._url,
             headers=headers,
             body=orjson.dumps(translated.body),
-            stream=options.stream,
-            secrets=self._secrets(),
             adjustments=translated.adjustments,
         )
 

@@ -9,14 +9,14 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.errors import GatewayError, MalformedResponse
-from boundedcode_gateway.providers.base import CallMetrics, CapturedReasoning
+from boundedcode_gateway.json_values import int_or_none
 from boundedcode_gateway.providers.openai_shapes import (
     AnswerMessage,
     completion_body,
-    completion_id,
     tool_call,
 )
 from boundedcode_gateway.providers.upstream_errors import error_from_text, upstream_error
+from boundedcode_gateway.upstream.metrics import CallMetrics, CapturedReasoning
 
 # the store's kind for Anthropic's thinking and redacted_thinking blocks
 THINKING_KIND = "anthropic_thinking"
@@ -56,28 +56,26 @@ def finish_reason(stop_reason: Any) -> str:
     )
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def read_usage(usage: Any, metrics: CallMetrics) -> None:
     """Fill token counts from an Anthropic ``usage`` (counts are cumulative; later wins)."""
     if not isinstance(usage, dict):
         return
-    fresh = _int(usage.get("input_tokens"))
-    written = _int(usage.get("cache_creation_input_tokens"))
-    read = _int(usage.get("cache_read_input_tokens"))
+    fresh = int_or_none(usage.get("input_tokens"))
+    written = int_or_none(usage.get("cache_creation_input_tokens"))
+    read = int_or_none(usage.get("cache_read_input_tokens"))
     if fresh is not None or written is not None or read is not None:
         metrics.prompt_tokens = (fresh or 0) + (written or 0) + (read or 0)
         metrics.cached_tokens = read or 0
         # what Anthropic processed rather than read from its cache
         metrics.evaluated_tokens = (fresh or 0) + (written or 0)
-    output = _int(usage.get("output_tokens"))
+    output = int_or_none(usage.get("output_tokens"))
     if output is not None:
         metrics.completion_tokens = output
     details = usage.get("output_tokens_details")
     if isinstance(details, dict):
-        reasoning = _int(details.get("reasoning_tokens")) or _int(details.get("thinking_tokens"))
+        reasoning = int_or_none(details.get("reasoning_tokens")) or int_or_none(
+            details.get("thinking_tokens")
+        )
         if reasoning is not None:
             metrics.reasoning_tokens = reasoning
 
@@ -155,9 +153,7 @@ def from_anthropic_response(raw: bytes, metrics: CallMetrics, capture_content: b
     message = answer.finish()
     if capture_content:
         metrics.answer_text = message.content
-    return completion_body(
-        completion_id(obj.get("id")), metrics.upstream_model or "", message, finish, metrics
-    )
+    return completion_body(obj.get("id"), metrics.upstream_model or "", message, finish, metrics)
 
 
 def _error_parts(obj: Any) -> tuple[str, str | None, str | None]:

@@ -23,8 +23,9 @@ from boundedcode_gateway.providers.anthropic.response import (
     finish_reason,
     read_usage,
 )
-from boundedcode_gateway.providers.base import CallMetrics, PartialAnswer, RequestOptions
-from boundedcode_gateway.providers.openai_shapes import ChunkWriter, completion_id
+from boundedcode_gateway.providers.base import PartialAnswer, RequestOptions
+from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, ChunkWriter, Stamps
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 _NOTHING: tuple[bytes, ...] = ()
 
@@ -49,6 +50,7 @@ class AnthropicStreamTranslator:
         "_forward_usage",
         "_keep_content",
         "_secrets",
+        "_stamps",
         "_tools",
         "_writer",
         "content_started",
@@ -57,7 +59,9 @@ class AnthropicStreamTranslator:
         "progress_seen",
     )
 
-    def __init__(self, options: RequestOptions, secrets: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, options: RequestOptions, secrets: tuple[str, ...] = (), stamps: Stamps = SYSTEM_STAMPS
+    ) -> None:
         self.metrics = CallMetrics()
         self.content_started = False
         self.finished = False
@@ -65,6 +69,7 @@ class AnthropicStreamTranslator:
         self._forward_usage = options.include_usage
         self._keep_content = options.capture_content
         self._secrets = secrets
+        self._stamps = stamps
         self._writer: ChunkWriter | None = None
         self._answer = AnswerBuilder()
         # open blocks by their index: thinking blocks being assembled, tool calls
@@ -115,7 +120,7 @@ class AnthropicStreamTranslator:
         self.metrics.upstream_model = model if isinstance(model, str) else None
         read_usage(message.get("usage"), self.metrics)
         self._writer = ChunkWriter(
-            completion_id(message.get("id")), self.metrics.upstream_model or ""
+            message.get("id"), self.metrics.upstream_model or "", self._stamps
         )
         return _NOTHING
 

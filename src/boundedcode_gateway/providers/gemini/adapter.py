@@ -8,7 +8,6 @@ only to the profile that received it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import orjson
 
@@ -16,8 +15,7 @@ from boundedcode_gateway.config import GatewayConfig, ModelProfile
 from boundedcode_gateway.errors import ConfigError, GatewayError
 from boundedcode_gateway.policy.retry import RetryRules
 from boundedcode_gateway.providers.base import (
-    CallMetrics,
-    Capabilities,
+    ChatCall,
     PreparedRequest,
     RequestOptions,
     StreamTranslator,
@@ -26,10 +24,13 @@ from boundedcode_gateway.providers.gemini.request import gemini_url, to_gemini_r
 from boundedcode_gateway.providers.gemini.response import error_from_gemini, from_gemini_response
 from boundedcode_gateway.providers.gemini.signatures import SIGNATURE_KIND, TurnSignatures
 from boundedcode_gateway.providers.gemini.stream import GeminiStreamTranslator
-from boundedcode_gateway.providers.http import HttpClient
-from boundedcode_gateway.providers.native import NativeUpstream
-from boundedcode_gateway.reasoning_store.store import TaskReasoning
+from boundedcode_gateway.providers.translating import TranslatingUpstream
+from boundedcode_gateway.upstream.capabilities import Capabilities
+from boundedcode_gateway.upstream.http import HttpClient
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
+# the reasoning store's file for thought signatures (with the part each one rides on)
+REASONING_FILES = {SIGNATURE_KIND: "gemini-signatures.jsonl"}
 # 429 RESOURCE_EXHAUSTED, 500 INTERNAL, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED
 GEMINI_RETRY = RetryRules(statuses=frozenset({429, 500, 503, 504}), max_attempts=4)
 GEMINI_CAPABILITIES = Capabilities(
@@ -41,7 +42,7 @@ GEMINI_CAPABILITIES = Capabilities(
 )
 
 
-class GeminiUpstream(NativeUpstream):
+class GeminiUpstream(TranslatingUpstream):
     """One model profile served by the Gemini API."""
 
     RETRY = GEMINI_RETRY
@@ -57,43 +58,35 @@ class GeminiUpstream(NativeUpstream):
             )
         super().__init__(name, profile, config, http)
 
-    def prepare(
-        self,
-        body: dict[str, Any],
-        options: RequestOptions,
-        caps: Capabilities,
-        call_id: str,
-        reasoning: TaskReasoning,
-        send_schema: bool,
-    ) -> PreparedRequest:
+    def prepare(self, call: ChatCall, send_schema: bool) -> PreparedRequest:
         """The ``generateContent`` request, each earlier turn of this profile signed again."""
+        stream = call.options.stream
 
         def lookup(keys: Sequence[str]) -> TurnSignatures | None:
-            item = reasoning.find(SIGNATURE_KIND, keys)
+            item = call.reasoning.find(SIGNATURE_KIND, keys)
             # a signature is bound to the model and key that wrote it
             if item is None or item.profile != self.name:
                 return None
             return TurnSignatures.from_data(item.data)
 
         out = to_gemini_request(
-            body,
+            call.body,
             model=self.upstream_model,
             thinking=self._profile.thinking,
             default_max_tokens=self._profile.max_tokens,
+            schema=call.schema,
             send_schema=send_schema,
             lookup=lookup,
         )
         headers = {"Content-Type": "application/json", "x-goog-api-key": self._key()}
-        if options.stream:
+        if stream:
             headers["Accept"] = "text/event-stream"
         base_url = self._profile.upstream_base_url
         adjustments = {"signature_placeholders": out.placeholders} if out.placeholders else {}
         return PreparedRequest(
-            url=gemini_url(base_url, self.upstream_model, options.stream),
+            url=gemini_url(base_url, self.upstream_model, stream),
             headers=headers,
             body=orjson.dumps(out.body),
-            stream=options.stream,
-            secrets=self._secrets(),
             adjustments=adjustments,
         )
 

@@ -14,7 +14,8 @@ from urllib.parse import quote
 
 from boundedcode_gateway.config import ThinkingSettings
 from boundedcode_gateway.errors import InvalidRequest
-from boundedcode_gateway.policy.structured import requested_schema
+from boundedcode_gateway.json_values import is_number
+from boundedcode_gateway.policy.structured import RequestedSchema
 from boundedcode_gateway.providers.gemini.signatures import (
     SignatureLookup,
     add_placeholders,
@@ -84,10 +85,12 @@ def to_gemini_request(
     model: str,
     thinking: ThinkingSettings | None,
     default_max_tokens: int | None = None,
+    schema: RequestedSchema | None = None,
     send_schema: bool = True,
     lookup: SignatureLookup = no_signatures,
 ) -> GeminiRequest:
-    """The ``generateContent`` body for the caller's request."""
+    """The ``generateContent`` body for the caller's request (``schema``: the one the caller
+    asked for, left out without ``send_schema``)."""
     messages: list[Any] = body["messages"]
     contents = to_gemini_contents(messages, lookup)
     placeholders = add_placeholders(contents)
@@ -101,7 +104,7 @@ def to_gemini_request(
         config = _tool_config(body.get("tool_choice"))
         if config is not None:
             out["toolConfig"] = config
-    generation = _generation_config(body, model, thinking, default_max_tokens, send_schema)
+    generation = _generation_config(body, model, thinking, default_max_tokens, schema, send_schema)
     if generation:
         out["generationConfig"] = generation
     return GeminiRequest(out, placeholders)
@@ -240,12 +243,13 @@ def _generation_config(
     model: str,
     thinking: ThinkingSettings | None,
     default_max_tokens: int | None,
+    schema: RequestedSchema | None,
     send_schema: bool,
 ) -> dict[str, Any]:
     config: dict[str, Any] = {}
     for ours, theirs in (("temperature", "temperature"), ("top_p", "topP")):
         value = body.get(ours)
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if is_number(value):
             config[theirs] = value
     limit = max_output_tokens(body) or default_max_tokens
     if limit is not None:
@@ -256,12 +260,16 @@ def _generation_config(
     thinking_config = to_thinking_config(thinking, body.get("reasoning_effort"), model)
     if thinking_config is not None:
         config["thinkingConfig"] = thinking_config
-    _json_output(body, config, send_schema)
+    _json_output(body, config, schema, send_schema)
     return config
 
 
-def _json_output(body: dict[str, Any], config: dict[str, Any], send_schema: bool) -> None:
-    schema = requested_schema(body)
+def _json_output(
+    body: dict[str, Any],
+    config: dict[str, Any],
+    schema: RequestedSchema | None,
+    send_schema: bool,
+) -> None:
     if schema is not None:
         if send_schema:
             config["responseMimeType"] = "application/json"

@@ -13,16 +13,18 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.errors import GatewayError, MalformedResponse
-from boundedcode_gateway.providers.base import CallMetrics, RequestOptions
+from boundedcode_gateway.json_values import is_int
+from boundedcode_gateway.providers.base import RequestOptions
 from boundedcode_gateway.providers.gemini.signatures import SignatureCollector
 from boundedcode_gateway.providers.openai_shapes import (
+    SYSTEM_STAMPS,
     AnswerMessage,
+    Stamps,
     completion_body,
-    completion_id,
-    new_tool_call_id,
     tool_call,
 )
 from boundedcode_gateway.providers.upstream_errors import error_from_text, upstream_error
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 # Gemini's finishReason → OpenAI's finish_reason ("stop" becomes "tool_calls" with calls)
 FINISH_REASONS = {
@@ -62,7 +64,7 @@ def finish_reason(reason: str, has_calls: bool, message: Any = None) -> str:
 
 def _count(usage: dict[str, Any], key: str) -> int:
     value = usage.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return value if is_int(value) else 0
 
 
 def read_usage(usage: Any, metrics: CallMetrics) -> None:
@@ -82,9 +84,10 @@ def read_usage(usage: Any, metrics: CallMetrics) -> None:
 class AnswerParts:
     """The answer so far: text, thoughts, function calls and signatures, part by part."""
 
-    __slots__ = ("_content", "_native_ids", "_reasoning", "signatures", "tool_calls")
+    __slots__ = ("_content", "_native_ids", "_reasoning", "_stamps", "signatures", "tool_calls")
 
-    def __init__(self) -> None:
+    def __init__(self, stamps: Stamps = SYSTEM_STAMPS) -> None:
+        self._stamps = stamps
         self._content: list[str] = []
         self._reasoning: list[str] | None = None
         self.tool_calls: list[dict[str, Any]] = []
@@ -117,7 +120,7 @@ class AnswerParts:
         if isinstance(call_id, str) and call_id:
             self._native_ids = True
         else:
-            call_id = new_tool_call_id()
+            call_id = self._stamps.tool_call_id()
         args = call.get("args")
         arguments = orjson.dumps(args if isinstance(args, dict) else {}).decode()
         entry = tool_call(call_id, str(call.get("name", "")), arguments)
@@ -197,7 +200,7 @@ def from_gemini_response(
     metrics.finish_reason = finish
     answer.finish(metrics, options)
     return completion_body(
-        completion_id(obj.get("responseId")),
+        obj.get("responseId"),
         metrics.upstream_model or model,
         answer.message(),
         finish,

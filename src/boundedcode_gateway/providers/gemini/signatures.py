@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from boundedcode_gateway.providers.base import CapturedReasoning
+from boundedcode_gateway.upstream.metrics import CapturedReasoning
 
 SIGNATURE_KIND = "gemini_signature"
 # the value Gemini's documentation allows for a function call it did not write

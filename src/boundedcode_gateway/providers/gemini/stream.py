@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.errors import MalformedResponse
-from boundedcode_gateway.providers.base import CallMetrics, PartialAnswer, RequestOptions
+from boundedcode_gateway.providers.base import PartialAnswer, RequestOptions
 from boundedcode_gateway.providers.gemini.response import (
     AnswerParts,
     blocked_prompt,
@@ -23,7 +23,8 @@ from boundedcode_gateway.providers.gemini.response import (
     first_candidate,
     read_usage,
 )
-from boundedcode_gateway.providers.openai_shapes import ChunkWriter, completion_id
+from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, ChunkWriter, Stamps
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 _NOTHING: tuple[bytes, ...] = ()
 
@@ -36,6 +37,7 @@ class GeminiStreamTranslator:
         "_model",
         "_options",
         "_secrets",
+        "_stamps",
         "_writer",
         "content_started",
         "finished",
@@ -43,7 +45,13 @@ class GeminiStreamTranslator:
         "progress_seen",
     )
 
-    def __init__(self, options: RequestOptions, model: str, secrets: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        options: RequestOptions,
+        model: str,
+        secrets: tuple[str, ...] = (),
+        stamps: Stamps = SYSTEM_STAMPS,
+    ) -> None:
         self.metrics = CallMetrics()
         self.content_started = False
         self.finished = False
@@ -51,7 +59,8 @@ class GeminiStreamTranslator:
         self._options = options
         self._model = model
         self._secrets = secrets
-        self._answer = AnswerParts()
+        self._stamps = stamps
+        self._answer = AnswerParts(stamps)
         self._writer: ChunkWriter | None = None
 
     def feed(self, event: str, data: bytes) -> Sequence[bytes]:
@@ -78,7 +87,7 @@ class GeminiStreamTranslator:
     def _writer_for(self, obj: dict[str, Any]) -> ChunkWriter:
         if self._writer is None:
             self._writer = ChunkWriter(
-                completion_id(obj.get("responseId")), self.metrics.upstream_model or self._model
+                obj.get("responseId"), self.metrics.upstream_model or self._model, self._stamps
             )
         return self._writer
 

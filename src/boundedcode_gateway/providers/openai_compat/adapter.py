@@ -17,6 +17,7 @@ import orjson
 
 from boundedcode_gateway.config import GatewayConfig, ModelProfile, ServerSettings
 from boundedcode_gateway.errors import GatewayError, MissingApiKey
+from boundedcode_gateway.llama_server.cache_keeper import CacheServer
 from boundedcode_gateway.llama_server.flags import ServerCommand, server_command
 from boundedcode_gateway.llama_server.launcher import ManagedLlamaServer
 from boundedcode_gateway.llama_server.locate import (
@@ -27,29 +28,26 @@ from boundedcode_gateway.llama_server.locate import (
 from boundedcode_gateway.policy.reasoning import REASONING_KIND, StoredReasoning
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.providers.base import (
-    CacheServer,
-    CallMetrics,
-    Capabilities,
+    ChatCall,
     Continuation,
     PartialAnswer,
     PreparedRequest,
     RequestOptions,
     StreamTranslator,
 )
-from boundedcode_gateway.providers.http import HttpClient, read_body
 from boundedcode_gateway.providers.openai_compat.continuation import (
     continuation_body,
     server_flags_continue,
+)
+from boundedcode_gateway.providers.openai_compat.dialects import (
+    DIALECT_BY_PROVIDER,
+    LLAMA_CPP,
+    Dialect,
 )
 from boundedcode_gateway.providers.openai_compat.mapping import (
     error_from_openai_compat,
     from_openai_compat_response,
     to_openai_compat_request,
-)
-from boundedcode_gateway.providers.openai_compat.profiles import (
-    DIALECT_BY_PROVIDER,
-    LLAMA_CPP,
-    Dialect,
 )
 from boundedcode_gateway.providers.openai_compat.stream import OpenAIStreamTranslator
 from boundedcode_gateway.providers.openai_compat.template_checks import (
@@ -58,9 +56,14 @@ from boundedcode_gateway.providers.openai_compat.template_checks import (
     reasoning_back_refusal,
     renders_newline_before_end,
 )
-from boundedcode_gateway.reasoning_store.store import TaskReasoning
+from boundedcode_gateway.upstream.capabilities import Capabilities
+from boundedcode_gateway.upstream.http import HttpClient, read_body
+from boundedcode_gateway.upstream.metrics import CallMetrics
 
 log = logging.getLogger(__name__)
+
+# the reasoning store's file for reasoning text, in each task's folder
+REASONING_FILES = {REASONING_KIND: "local-replay.jsonl"}
 
 
 def capabilities_from_props(
@@ -107,10 +110,6 @@ class OpenAICompatUpstream:
         self._caps_lock = asyncio.Lock()
         self.managed = _managed_server(name, profile, config, http)
         self._budget = RetryBudget(profile.retry.max_attempts, profile.retry.max_total_s)
-
-    @property
-    def dialect(self) -> Dialect:
-        return self._dialect
 
     @property
     def retry_rules(self) -> RetryRules:
@@ -233,34 +232,28 @@ class OpenAICompatUpstream:
     def _secrets(self) -> tuple[str, ...]:
         return self._profile.secrets()
 
-    def prepare(
-        self,
-        body: dict[str, Any],
-        options: RequestOptions,
-        caps: Capabilities,
-        call_id: str,
-        reasoning: TaskReasoning,
-        send_schema: bool,
-    ) -> PreparedRequest:
+    def prepare(self, call: ChatCall, send_schema: bool) -> PreparedRequest:
         """The HTTP request for this upstream, earlier reasoning restored where it is taken."""
 
         def lookup(keys: Sequence[str]) -> StoredReasoning | None:
-            item = reasoning.find(REASONING_KIND, keys)
+            item = call.reasoning.find(REASONING_KIND, keys)
             if item is None or not isinstance(item.data, str):
                 return None
             return StoredReasoning(item.profile, item.data)
 
+        stream = call.options.stream
         out = to_openai_compat_request(
-            body,
+            call.body,
             model=self.upstream_model,
             dialect=self._dialect,
-            options=options,
-            takes_reasoning=caps.reasoning_back,
+            options=call.options,
+            takes_reasoning=call.caps.reasoning_back,
             profile=self.name,
             lookup=lookup,
             required_on_tool_turns=(
                 self._setting == "keep" and self._dialect.reasoning_on_tool_turns_under_keep
             ),
+            schema=call.schema,
             send_schema=send_schema,
         )
         adjustments: dict[str, Any] = {}
@@ -268,17 +261,15 @@ class OpenAICompatUpstream:
             out["reasoning_budget_message"] = self._budget_message
             adjustments["reasoning_budget_message"] = self._budget_message
         headers = {"Content-Type": "application/json", **self._auth_headers()}
-        if options.stream:
+        if stream:
             headers["Accept"] = "text/event-stream"
         if self._dialect.idempotency_key:
-            headers["Idempotency-Key"] = call_id
+            headers["Idempotency-Key"] = call.call_id
         return PreparedRequest(
             url=self._chat_url(),
             headers=headers,
             body=orjson.dumps(out),
-            stream=options.stream,
             resend_safe=self._dialect.idempotency_key,
-            secrets=self._secrets(),
             adjustments=adjustments,
         )
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from boundedcode_gateway.json_values import is_int
 from boundedcode_gateway.providers.base import PartialAnswer
 
 # the answer's token limit, under each name llama-server reads
@@ -68,6 +69,6 @@ def continuation_body(sent: bytes, partial: PartialAnswer) -> bytes | None:
     body["add_generation_prompt"] = False
     for key in _LIMITS:
         limit = body.get(key)
-        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+        if is_int(limit) and limit > 0:
             body[key] = max(1, limit - partial.deltas)
     return orjson.dumps(body)

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.errors import GatewayError, MalformedResponse
+from boundedcode_gateway.json_values import int_or_none
 from boundedcode_gateway.policy.reasoning import (
     REASONING_FIELD,
     REASONING_KIND,
@@ -18,12 +19,13 @@ from boundedcode_gateway.policy.reasoning import (
     no_lookup,
     outgoing_messages,
 )
-from boundedcode_gateway.policy.structured import RequestedSchema, requested_schema, strict_schema
-from boundedcode_gateway.providers.base import CallMetrics, CapturedReasoning, RequestOptions
-from boundedcode_gateway.providers.openai_compat.profiles import Dialect
-from boundedcode_gateway.providers.openai_shapes import new_tool_call_id
+from boundedcode_gateway.policy.structured import RequestedSchema, strict_schema
+from boundedcode_gateway.providers.base import RequestOptions
+from boundedcode_gateway.providers.openai_compat.dialects import Dialect
+from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, Stamps
 from boundedcode_gateway.providers.upstream_errors import upstream_error
 from boundedcode_gateway.reasoning_store.keys import text_of, tool_call_ids
+from boundedcode_gateway.upstream.metrics import CallMetrics, CapturedReasoning
 
 
 def _named_tool_to_required(out: dict[str, Any]) -> None:
@@ -54,12 +56,15 @@ def to_openai_compat_request(
     profile: str = "",
     lookup: Lookup | None = None,
     required_on_tool_turns: bool = False,
+    schema: RequestedSchema | None = None,
     send_schema: bool = True,
 ) -> dict[str, Any]:
     """The upstream's request: the caller's body with the gateway's few changes.
 
     Fields the gateway does not interpret pass through unchanged. ``lookup`` finds a
-    turn's stored reasoning (see ``policy/reasoning.py``).
+    turn's stored reasoning (see ``policy/reasoning.py``); ``schema`` is the one the caller
+    asked for, in its ``response_format``, sent in the dialect's form or, without
+    ``send_schema``, left out.
     """
     out = dict(body)
     out["model"] = model
@@ -81,7 +86,6 @@ def to_openai_compat_request(
         out["messages"] = messages
     if dialect.tool_choice_string_only:
         _named_tool_to_required(out)
-    schema = requested_schema(body)
     if schema is not None:
         if send_schema:
             out["response_format"] = schema_response_format(schema, dialect.strict_schema)
@@ -108,31 +112,27 @@ def schema_response_format(schema: RequestedSchema, strict: bool) -> dict[str, A
     }
 
 
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def read_usage(usage: dict[str, Any], metrics: CallMetrics) -> None:
     """Fill token counts from an OpenAI ``usage`` object."""
-    metrics.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
-    metrics.completion_tokens = _int_or_none(usage.get("completion_tokens"))
+    metrics.prompt_tokens = int_or_none(usage.get("prompt_tokens"))
+    metrics.completion_tokens = int_or_none(usage.get("completion_tokens"))
     prompt_details = usage.get("prompt_tokens_details")
     if isinstance(prompt_details, dict):
-        metrics.cached_tokens = _int_or_none(prompt_details.get("cached_tokens"))
+        metrics.cached_tokens = int_or_none(prompt_details.get("cached_tokens"))
     completion_details = usage.get("completion_tokens_details")
     if isinstance(completion_details, dict):
-        metrics.reasoning_tokens = _int_or_none(completion_details.get("reasoning_tokens"))
+        metrics.reasoning_tokens = int_or_none(completion_details.get("reasoning_tokens"))
     if metrics.evaluated_tokens is None and metrics.prompt_tokens is not None:
         metrics.evaluated_tokens = metrics.prompt_tokens - (metrics.cached_tokens or 0)
 
 
 def read_timings(timings: dict[str, Any], metrics: CallMetrics) -> None:
     """Fill llama.cpp's own measurements: evaluated prompt tokens, prefill and decode times."""
-    prompt_n = _int_or_none(timings.get("prompt_n"))
+    prompt_n = int_or_none(timings.get("prompt_n"))
     if prompt_n is not None:
         metrics.evaluated_tokens = prompt_n
     if metrics.cached_tokens is None:
-        metrics.cached_tokens = _int_or_none(timings.get("cache_n"))
+        metrics.cached_tokens = int_or_none(timings.get("cache_n"))
     prompt_ms = timings.get("prompt_ms")
     predicted_ms = timings.get("predicted_ms")
     if isinstance(prompt_ms, int | float):
@@ -143,8 +143,8 @@ def read_timings(timings: dict[str, Any], metrics: CallMetrics) -> None:
 
 def read_progress(progress: dict[str, Any], metrics: CallMetrics) -> None:
     """Prompt size and cache hit from llama.cpp's ``prompt_progress``, before usage arrives."""
-    total = _int_or_none(progress.get("total"))
-    cache = _int_or_none(progress.get("cache"))
+    total = int_or_none(progress.get("total"))
+    cache = int_or_none(progress.get("cache"))
     if total is None or cache is None:
         return
     metrics.prompt_tokens = total
@@ -164,11 +164,11 @@ def read_answer_metrics(obj: dict[str, Any], metrics: CallMetrics) -> None:
         metrics.upstream_model = obj["model"]
 
 
-def complete_tool_call_head(call: dict[str, Any]) -> bool:
+def complete_tool_call_head(call: dict[str, Any], stamps: Stamps = SYSTEM_STAMPS) -> bool:
     """Give a tool call (or its first stream delta) an id and a type where missing."""
     changed = False
     if not call.get("id"):
-        call["id"] = new_tool_call_id()
+        call["id"] = stamps.tool_call_id()
         changed = True
     if not call.get("type"):
         call["type"] = "function"

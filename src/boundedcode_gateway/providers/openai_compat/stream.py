@@ -18,19 +18,17 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.errors import MalformedResponse
+from boundedcode_gateway.json_values import int_or_none
 from boundedcode_gateway.policy.reasoning import REASONING_KIND
-from boundedcode_gateway.providers.base import (
-    CallMetrics,
-    CapturedReasoning,
-    PartialAnswer,
-    RequestOptions,
-)
+from boundedcode_gateway.providers.base import PartialAnswer, RequestOptions
 from boundedcode_gateway.providers.openai_compat.mapping import (
     complete_tool_call_head,
     error_from_stream_event,
     read_answer_metrics,
     read_progress,
 )
+from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, Stamps
+from boundedcode_gateway.upstream.metrics import CallMetrics, CapturedReasoning
 from boundedcode_gateway.wire.sse import DONE
 
 _NOTHING: tuple[bytes, ...] = ()
@@ -120,6 +118,7 @@ class OpenAIStreamTranslator:
         "_keep_shown",
         "_opened",
         "_secrets",
+        "_stamps",
         "_text",
         "_tool_args",
         "content_started",
@@ -134,6 +133,7 @@ class OpenAIStreamTranslator:
         secrets: tuple[str, ...] = (),
         keep_shown: bool = False,
         continuing: PartialAnswer | None = None,
+        stamps: Stamps = SYSTEM_STAMPS,
     ) -> None:
         self.metrics = CallMetrics()
         # a continuation goes on with content the caller has already seen
@@ -143,6 +143,7 @@ class OpenAIStreamTranslator:
         self._forward_usage = options.include_usage
         self._forward_progress = options.return_progress and continuing is None
         self._secrets = secrets
+        self._stamps = stamps
         # characters of arguments seen per tool-call index
         self._tool_args: dict[int, int] = {}
         self._capture = options.capture_reasoning or options.capture_content
@@ -209,7 +210,7 @@ class OpenAIStreamTranslator:
                 return _NOTHING  # the caller's answer is already open
             changed = self._as_continued(obj) or changed
         elif self._keep_shown and self._first is None:
-            self._first = (_str_or_none(obj.get("id")), _int_or_none(obj.get("created")))
+            self._first = (_str_or_none(obj.get("id")), int_or_none(obj.get("created")))
         if changed:
             data = orjson.dumps(obj)
         text = self._text
@@ -267,7 +268,7 @@ class OpenAIStreamTranslator:
             arguments = function.get("arguments") if isinstance(function, dict) else None
             if index not in self._tool_args:
                 self._tool_args[index] = 0
-                changed = complete_tool_call_head(call) or changed
+                changed = complete_tool_call_head(call, self._stamps) or changed
             self._tool_args[index] += len(arguments) if isinstance(arguments, str) else 0
         return changed
 
@@ -315,7 +316,3 @@ def _opens_only(choice: dict[str, Any]) -> bool:
 
 def _str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -33,7 +33,7 @@ from boundedcode_gateway.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from boundedcode_gateway.providers.proxy import Proxy, ProxySettings, connect_request
+from boundedcode_gateway.upstream.proxy import Proxy, ProxySettings, connect_request
 
 # llama-server closes idle kept-alive connections after 5 s (cpp-httplib's default);
 # a pooled connection older than that would be reset under the next request.

@@ -11,19 +11,19 @@ from typing import ClassVar
 
 from boundedcode_gateway.config import GatewayConfig, ModelProfile
 from boundedcode_gateway.errors import MissingApiKey
+from boundedcode_gateway.llama_server.cache_keeper import CacheServer
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.providers.base import (
-    CacheServer,
-    Capabilities,
     Continuation,
     PartialAnswer,
     PreparedRequest,
     RequestOptions,
 )
-from boundedcode_gateway.providers.http import HttpClient
+from boundedcode_gateway.upstream.capabilities import Capabilities
+from boundedcode_gateway.upstream.http import HttpClient
 
 
-class NativeUpstream:
+class TranslatingUpstream:
     """The shared half of a translating adapter: identity, key, budget, and the provider's
     documented rules and capabilities (class constants of each adapter)."""
 

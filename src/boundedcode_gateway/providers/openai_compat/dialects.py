@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from boundedcode_gateway.config import ReasoningHistory
 from boundedcode_gateway.policy.retry import RetryRules
-from boundedcode_gateway.providers.base import CapabilitySource
+from boundedcode_gateway.upstream.capabilities import CapabilitySource
 
 # llama.cpp answers 500 when the model wrote a malformed tool call: a new sample
 # usually parses, so up to 3 attempts in all

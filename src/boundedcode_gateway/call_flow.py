@@ -1,0 +1,339 @@
+"""One caller request, from its upstream's capabilities to its answer: the steps in order.
+
+``CallFlow.run`` builds the call value once (``ChatCall``), sends it (with the
+requested schema where the provider takes one, without it where it refused one),
+and hands each answer to ``_answered``: the reasoning kept for the next turn,
+the reply checked against the schema, the server's cache followed. The steps
+return what they found, and ``end`` fills the call's record from it: the one
+place a call's fields are written.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from boundedcode_gateway import discard
+from boundedcode_gateway.attempts import AttemptLog, Attempts
+from boundedcode_gateway.errors import GatewayError, StreamBroken, UpstreamFailure
+from boundedcode_gateway.llama_server.cache_keeper import AnsweredCall, CacheKeeper
+from boundedcode_gateway.metering.meter import Meter, derived_ttft
+from boundedcode_gateway.policy import structured
+from boundedcode_gateway.policy.cache_misses import (
+    ContinuityTable,
+    MissReport,
+    PreviousCall,
+    classify,
+)
+from boundedcode_gateway.policy.capabilities import check_request
+from boundedcode_gateway.policy.history_diff import HistoryTracker
+from boundedcode_gateway.policy.reasoning import REASONING_FIELD
+from boundedcode_gateway.policy.structured import requested_schema
+from boundedcode_gateway.providers.base import ChatCall, RequestOptions, Upstream
+from boundedcode_gateway.reasoning_store.keys import keys_for, text_of
+from boundedcode_gateway.reasoning_store.store import ReasoningStore
+from boundedcode_gateway.relay import StreamRelay
+from boundedcode_gateway.upstream.http import HttpClient, read_body
+from boundedcode_gateway.upstream.metrics import CallMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class JsonAnswer:
+    status: int
+    body: bytes
+
+
+@dataclass(slots=True)
+class StreamAnswer:
+    first: bytes
+    relay: StreamRelay
+
+
+@dataclass(slots=True)
+class SharedState:
+    """What every call of the process reads and adds to (the service owns it)."""
+
+    http: HttpClient
+    reasoning: ReasoningStore
+    history: HistoryTracker
+    continuity: ContinuityTable
+    # (profile, schema form) pairs whose upstream refused a schema
+    schema_refused: set[tuple[str, str]]
+
+
+def call_options(body: dict[str, Any], discard_header: bool, capture: Capture) -> RequestOptions:
+    """What the caller asked for that changes how the answer is relayed."""
+    stream = body.get("stream") is True
+    stream_options = body.get("stream_options")
+    include_usage = (
+        stream and isinstance(stream_options, dict) and stream_options.get("include_usage") is True
+    )
+    return RequestOptions(
+        stream=stream,
+        include_usage=bool(include_usage),
+        return_progress=stream and body.get("return_progress") is True,
+        capture_reasoning=capture.reasoning,
+        capture_content=capture.content,
+        capture_answer=capture.answer,
+        understands_discard=stream and (discard_header or discard.body_declares(body)),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """What of the answer the call keeps: its reasoning, its text, the whole message."""
+
+    reasoning: bool
+    content: bool
+    answer: bool
+
+
+class CallFlow:
+    """The steps of one call to one upstream, and what they found, for its record."""
+
+    def __init__(
+        self,
+        shared: SharedState,
+        meter: Meter,
+        upstream: Upstream,
+        keeper: CacheKeeper | None,
+        body: dict[str, Any],
+    ) -> None:
+        self._shared = shared
+        self._meter = meter
+        self._upstream = upstream
+        self._keeper = keeper
+        self._caller_body = body
+        self._previous: PreviousCall | None = None
+        self._sent = b""  # the request the answer came from (the last one sent)
+        # what the steps found, for the record
+        self._log = AttemptLog()
+        self._changed: int | None = None
+        self._stream = False
+        self._adjustments: dict[str, Any] = {}
+        self._structured_output: str | None = None
+        self._schema_valid: bool | None = None
+        self._miss: MissReport | None = None
+        self._relay: StreamRelay | None = None  # the latest, for a streamed answer
+        self._metrics: CallMetrics | None = None  # a whole answer's
+        self._ttft_ms: float | None = None  # a whole answer's, from the server's timings
+        self._ended = False
+
+    async def run(self) -> JsonAnswer | StreamAnswer:
+        call = await self._build()
+        if call.schema is None:
+            return await self._send(call, with_schema=False)
+        return await self._send_with_schema(call)
+
+    # -- the call value
+
+    async def _build(self) -> ChatCall:
+        """Everything the upstream's request is made from, in one value."""
+        ctx, upstream, body = self._meter.ctx, self._upstream, self._caller_body
+        self._changed = self._shared.history.observe(ctx.task, ctx.purpose, body["messages"])
+        caps = await upstream.capabilities()
+        if self._keeper is not None:
+            self._keeper.call_started()
+        schema = requested_schema(body)
+        capture = Capture(caps.reasoning_back, schema is not None, self._keeper is not None)
+        options = call_options(body, ctx.discard_header, capture)
+        body = discard.without_stream_option(body)
+        self._stream = options.stream
+        check_request(body, caps, upstream.name)
+        task_reasoning = await self._shared.reasoning.task(ctx.task)
+        if self._keeper is not None:
+            conversation = (ctx.task, ctx.purpose, upstream.name)
+            self._previous = self._shared.continuity.previous(conversation)
+        return ChatCall(body, options, caps, schema, task_reasoning, ctx.call_id)
+
+    # -- sending
+
+    async def _send_with_schema(self, call: ChatCall) -> JsonAnswer | StreamAnswer:
+        """Send with the schema; a provider that refuses it gets the call once more without,
+        and is not sent one again."""
+        upstream = self._upstream
+        refused = self._shared.schema_refused
+        if (upstream.name, upstream.schema_form) in refused:
+            self._structured_output = structured.SKIPPED_KNOWN_REJECTION
+            return await self._send(call, with_schema=False)
+        self._structured_output = structured.SENT
+        try:
+            return await self._send(call, with_schema=True)
+        except UpstreamFailure as exc:
+            if not structured.is_schema_rejection(exc.http_status, exc.message):
+                raise
+        # the provider refused the schema: the prompt still describes the JSON
+        refused.add((upstream.name, upstream.schema_form))
+        self._structured_output = structured.DROPPED_AFTER_REJECTION
+        return await self._send(call, with_schema=False)
+
+    async def _send(self, call: ChatCall, with_schema: bool) -> JsonAnswer | StreamAnswer:
+        """Send; an adapter that left out what the model refused gets the call once more."""
+        try:
+            return await self._send_once(call, with_schema)
+        except UpstreamFailure as exc:
+            if not self._upstream.learn_from_refusal(exc.http_status, exc.message):
+                raise
+        return await self._send_once(call, with_schema)
+
+    async def _send_once(self, call: ChatCall, with_schema: bool) -> JsonAnswer | StreamAnswer:
+        prepared = self._upstream.prepare(call, send_schema=with_schema)
+        self._adjustments.update(prepared.adjustments)
+        self._sent = prepared.body
+        attempts = Attempts(self._shared.http, self._upstream, prepared, self._log)
+        if call.options.stream:
+            return await self._open_stream(call, attempts)
+        return await self._answer_whole(call, attempts)
+
+    async def _open_stream(self, call: ChatCall, attempts: Attempts) -> StreamAnswer:
+        upstream, options = self._upstream, call.options
+        relay = StreamRelay(
+            self._meter.ctx,
+            upstream.name,
+            attempts,
+            lambda: upstream.stream_translator(options),
+            options,
+            lambda metrics: self._answered(call, metrics),
+            self.end,
+            continue_from=lambda partial: upstream.continuation(
+                attempts.prepared, partial, options
+            ),
+        )
+        self._relay = relay
+        try:
+            first = await relay.open()
+        except BaseException:
+            relay.release()
+            raise
+        return StreamAnswer(first, relay)
+
+    async def _answer_whole(self, call: ChatCall, attempts: Attempts) -> JsonAnswer:
+        """A non-streamed answer; a body cut short is sent once more, like a broken stream."""
+        while True:
+            resp = await attempts.open()
+            try:
+                raw = await read_body(resp)
+            except StreamBroken as exc:
+                attempts.log(exc.http_status, exc.code)
+                if not attempts.resend_after_break():
+                    raise
+                continue
+            metrics = CallMetrics()
+            try:
+                out = self._upstream.from_response(raw, metrics, call.options)
+            except GatewayError as exc:
+                attempts.log(exc.http_status, exc.code)
+                raise
+            attempts.log(200, None)
+            self._answered(call, metrics)
+            self._metrics = metrics
+            self._ttft_ms = derived_ttft(self._meter.ctx.elapsed_ms(), metrics)
+            return JsonAnswer(200, out)
+
+    # -- the answer
+
+    def _answered(self, call: ChatCall, metrics: CallMetrics) -> None:
+        """Keep the answer's reasoning, check its reply against the schema, follow the cache."""
+        upstream = self._upstream
+        captured = metrics.captured
+        if captured is not None:
+            answered = text_of(call.body["messages"][-1].get("content"))
+            keys = keys_for(captured.tool_call_ids, captured.text, answered)
+            call.reasoning.keep(
+                captured.kind, keys, upstream.provider, upstream.name, captured.data
+            )
+        if call.schema is not None and self._structured_output == structured.SENT:
+            self._schema_valid = structured.schema_verdict(
+                metrics.answer_text, metrics.finish_reason, call.schema.schema
+            )
+            if self._schema_valid is False:
+                log.warning(
+                    "model %s: the reply does not match the schema it was sent", upstream.name
+                )
+        if self._keeper is not None:
+            self._follow_cache(self._keeper, call, metrics)
+
+    def _follow_cache(self, keeper: CacheKeeper, call: ChatCall, metrics: CallMetrics) -> None:
+        """Name this call's cache miss, remember it for the next call of its conversation,
+        and hand the answer to the keeper."""
+        ctx, profile = self._meter.ctx, self._upstream.name
+        self._miss = classify(
+            self._previous, metrics.prompt_tokens, metrics.cached_tokens, self._changed
+        )
+        answer = metrics.answer_message
+        if metrics.prompt_tokens is None or metrics.completion_tokens is None or answer is None:
+            return
+        now = PreviousCall(
+            metrics.prompt_tokens, metrics.completion_tokens, len(call.body["messages"])
+        )
+        self._shared.continuity.remember((ctx.task, ctx.purpose, profile), now)
+        had_reasoning = bool(answer.get(REASONING_FIELD))
+        reasoning_back = call.caps.reasoning_back
+        if not reasoning_back:
+            answer = {k: v for k, v in answer.items() if k != REASONING_FIELD}
+        keeper.answered(
+            AnsweredCall(
+                ctx.task,
+                ctx.purpose,
+                profile,
+                self._sent,
+                answer,
+                had_reasoning,
+                reasoning_back,
+                now,
+            )
+        )
+
+    # -- the record
+
+    def end(self, error: GatewayError | None, cancelled: bool = False) -> None:
+        """Fill the call's record from what the steps found, and submit it (once)."""
+        if self._ended:
+            return
+        self._ended = True
+        self._fill()
+        if cancelled:
+            self._meter.cancelled()
+        elif error is None:
+            self._meter.ok()
+        else:
+            self._meter.error(error)
+
+    def _fill(self) -> None:
+        """The record's call fields: the one place they are written."""
+        r, upstream, relay = self._meter.record, self._upstream, self._relay
+        r.provider = upstream.provider
+        r.upstream_model = upstream.upstream_model
+        r.stream = self._stream
+        r.changed = self._changed
+        r.attempts = self._log.count
+        r.attempt_log = self._log.entries
+        r.retried = self._log.retried
+        r.structured_output = self._structured_output
+        r.schema_valid = self._schema_valid
+        r.adjustments = self._adjustments
+        if relay is not None:
+            r.adjustments = {**self._adjustments, **relay.adjustments}
+            r.ttft_ms = relay.ttft_ms
+        elif self._ttft_ms is not None:
+            r.ttft_ms = self._ttft_ms
+            r.ttft_derived = True
+        if self._miss is not None:
+            r.reusable_tokens = self._miss.reusable_tokens
+            r.miss_cause = self._miss.cause
+            r.miss_at = self._miss.at
+        metrics = relay.metrics if relay is not None else self._metrics
+        if metrics is not None:
+            r.prompt_tokens = metrics.prompt_tokens
+            r.cached_tokens = metrics.cached_tokens
+            r.completion_tokens = metrics.completion_tokens
+            r.reasoning_tokens = metrics.reasoning_tokens
+            r.evaluated_tokens = metrics.evaluated_tokens
+            r.prefill_ms = metrics.prefill_ms
+            r.decode_ms = metrics.decode_ms
+            r.finish_reason = metrics.finish_reason
+            if metrics.upstream_model:
+                r.upstream_model = metrics.upstream_model

@@ -1,0 +1,45 @@
+"""Append-only JSON Lines files: whole lines appended, a line cut short by a crash skipped.
+
+The call log and the reasoning store keep their records this way. A crash can
+leave a last line without its newline; the next append starts on a fresh line
+so that its first record is not glued to the broken one, and readers skip what
+does not parse. Writers run off the request path (these are blocking calls).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+def append(path: Path, data: bytes) -> None:
+    """Append ``data`` (whole lines, each ending in a newline) in one write."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+b") as f:
+        if f.seek(0, 2) > 0:
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                data = b"\n" + data
+        f.write(data)
+        f.flush()
+
+
+def read_objects(path: Path) -> Iterator[dict[str, Any]]:
+    """Each line that is a JSON object, oldest first; a missing file has none."""
+    try:
+        f = path.open("rb")
+    except FileNotFoundError:
+        return
+    with f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                value = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                yield value

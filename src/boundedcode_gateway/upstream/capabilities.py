@@ -1,0 +1,41 @@
+"""What a model profile supports, and where the gateway learned it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+CapabilitySource = Literal["props", "assumed", "documentation"]
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a model profile supports, and where the gateway learned it."""
+
+    streaming: bool
+    reasoning_back: bool
+    structured_output: bool
+    prompt_progress: bool
+    source: CapabilitySource
+    tools: bool = True
+    vision: bool = True
+    context_tokens: int | None = None
+    # why earlier reasoning cannot go back (a reasoning model whose template drops it)
+    reasoning_back_refusal: str | None = None
+
+    # a stream that breaks in a text answer is continued where it broke, not sent again
+    continue_after_break: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "streaming": self.streaming,
+            "reasoning_back": self.reasoning_back,
+            "structured_output": self.structured_output,
+            "prompt_progress": self.prompt_progress,
+            "source": self.source,
+            "tools": self.tools,
+            "vision": self.vision,
+            "context_tokens": self.context_tokens,
+            "reasoning_back_refusal": self.reasoning_back_refusal,
+            "continue_after_break": self.continue_after_break,
+        }
