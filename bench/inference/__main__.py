@@ -106,12 +106,13 @@ def main(argv: list[str] | None = None) -> int:
                     sink.write(orjson.dumps(row) + b"\n")
                 sink.flush()
                 samples += rows
-    text = results.report(samples, _header(args, started, time.monotonic() - t0))
-    (out / "report.md").write_text(text)
     if not args.no_plots:
         for workload in workloads:
             mine = [s for s in samples if s["workload"] == workload.name]
             plots.write_plots(workload.name, mine, out)
+    header = _header(args, started, time.monotonic() - t0)
+    text = results.report(samples, header, charts=not args.no_plots)
+    (out / "report.md").write_text(text)
     print(text)
     print(f"written to {out}")
     return 0

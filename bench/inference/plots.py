@@ -24,6 +24,7 @@ def _series(samples: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
 
 
 def write_plots(workload: str, samples: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """The charts of results.CHARTS for one workload."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -65,7 +65,10 @@ def _ratio(value: int, ideal: int | None) -> str:
     return f"{value / ideal:.2f} x" if ideal else "-"
 
 
-def workload_section(name: str, samples: Sequence[dict[str, Any]]) -> str:
+CHARTS = ("evaluated", "cumulative", "wait")
+
+
+def workload_section(name: str, samples: Sequence[dict[str, Any]], charts: bool = False) -> str:
     modes = _by_mode(samples)
     names = list(modes)
     lines = [f"## {name}", ""]
@@ -100,12 +103,15 @@ def workload_section(name: str, samples: Sequence[dict[str, Any]]) -> str:
             f"{_ratio(t.evaluated, ideal)} | {t.wait_ms / 1000:.1f} | {t.tool_call_turns} | "
             f"{misses} |"
         )
+    if charts:
+        lines.append("")
+        lines += [f"![{name}: {c}]({name}-{c}.png)" for c in CHARTS]
     return "\n".join(lines)
 
 
-def report(samples: Sequence[dict[str, Any]], header: str) -> str:
+def report(samples: Sequence[dict[str, Any]], header: str, charts: bool = False) -> str:
     workloads: dict[str, list[dict[str, Any]]] = {}
     for s in samples:
         workloads.setdefault(s["workload"], []).append(s)
-    parts = [header, *(workload_section(w, ss) for w, ss in workloads.items())]
+    parts = [header, *(workload_section(w, ss, charts) for w, ss in workloads.items())]
     return "\n\n".join(parts) + "\n"
