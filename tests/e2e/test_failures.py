@@ -135,7 +135,7 @@ def test_a_discard_option_that_is_not_a_boolean_is_a_400(gateway: Gateway) -> No
 def test_a_non_streamed_call_with_the_discard_option_goes_upstream_without_it(
     gateway: Gateway, upstreams: Upstreams
 ) -> None:
-    upstreams.openai.queue(Reply(content=ANSWER, break_after_chunks=0), Reply(content=ANSWER))
+    upstreams.openai.queue(Reply(content=ANSWER, cut_body=True), Reply(content=ANSWER))
     resp = chat(gateway, "gpt", stream=False, stream_options={"boundedcode_discard": True})
     assert resp.status_code == 200
     assert resp.json()["choices"][0]["message"]["content"] == ANSWER
@@ -192,7 +192,7 @@ def test_non_stream_body_cut_short_is_resent(
     gateway: Gateway, upstreams: Upstreams, kind: Kind
 ) -> None:
     fake_of(upstreams, kind).queue(
-        Reply(content=ANSWER, break_after_chunks=0), Reply(content=ANSWER)
+        Reply(content=ANSWER, cut_body=True), Reply(content=ANSWER)
     )
     resp = chat(gateway, kind.profile, stream=False)
     assert resp.status_code == 200
@@ -203,7 +203,7 @@ def test_non_stream_body_cut_short_is_resent(
 
 def test_non_stream_cut_twice_is_502(gateway: Gateway, upstreams: Upstreams) -> None:
     upstreams.openai.queue(
-        Reply(content=ANSWER, break_after_chunks=0), Reply(content=ANSWER, break_after_chunks=0)
+        Reply(content=ANSWER, cut_body=True), Reply(content=ANSWER, cut_body=True)
     )
     resp = chat(gateway, "gpt", stream=False)
     assert resp.status_code == 502

@@ -67,7 +67,7 @@ def faulty_replies(rng: random.Random, n: int, llama: bool) -> list[Reply]:
     error = {"code": 500, "message": "mid-stream failure", "type": "server_error"}
     faults = [
         lambda: Reply(content=text),
-        lambda: Reply(content=text, break_after_chunks=rng.randint(0, 6)),
+        lambda: Reply(content=text, break_after_chunks=rng.randint(0, 6), cut_body=True),
         lambda: Reply(content=text, error_event_after_chunks=rng.randint(1, 6), error_event=error),
         lambda: Reply(content=text, delay_ms=rng.randint(0, 30)),
         lambda: Reply(content="", tool_calls=[{"name": "read", "arguments": '{"p": 1}'}]),
