@@ -38,7 +38,7 @@ READ_TIMEOUT_S = 0.5
 # the content chunks shown before a break or error "after content"
 SHOWN = 3
 # a cloud's statuses worth resending (docs/failures.md, "Cloud 429, 5xx, 529")
-CLOUD_RESENDS = frozenset({429, 500, 503, 504, 529})
+CLOUD_RESENDS = frozenset({429, 500, 502, 503, 504, 529})
 
 
 @dataclass(frozen=True)
@@ -440,7 +440,7 @@ def _passed_on(out: Outcome, status: int, code: str | None = None) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-@pytest.mark.parametrize("status", [429, 500, 503, 529])
+@pytest.mark.parametrize("status", [429, 500, 502, 503, 529])
 def test_an_error_status_is_sent_again_where_the_kind_resends_it(
     patient: Gateway, fakes: Fakes, kind: Kind, status: int, stream: bool
 ) -> None:

@@ -220,57 +220,6 @@ def test_stream_chunks_usage_and_metering(claude: Claude, start_gateway: Gateway
     assert len(gw.ledger_rows()) == 2
 
 
-def test_overload_is_retried_with_retry_after(
-    claude: Claude, start_gateway: GatewayFactory
-) -> None:
-    gw = start_gateway(claude.profiles)
-    claude.fake.queue(
-        Reply(status=529, headers={"retry-after": "0"}),
-        Reply(status=429, headers={"retry-after": "0"}),
-        Reply(content="after the storm"),
-    )
-    answer = gw.client().chat.completions.create(
-        model="claude", messages=[{"role": "user", "content": "hi"}]
-    )
-    assert answer.choices[0].message.content == "after the storm"
-    assert [a["status"] for a in gw.calls()[0]["attempt_log"]] == [529, 429, 200]
-
-
-def test_overload_inside_the_stream_before_content_is_retried(
-    claude: Claude, start_gateway: GatewayFactory
-) -> None:
-    gw = start_gateway(claude.profiles)
-    claude.fake.queue(Reply(error_event_after_chunks=2), Reply(content="fine"))
-    chunks = list(
-        gw.client().chat.completions.create(
-            model="haiku", messages=[{"role": "user", "content": "hi"}], stream=True
-        )
-    )
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "fine"
-    assert [a["status"] for a in gw.calls()[0]["attempt_log"]] == [529, 200]
-
-
-def test_a_stream_without_message_stop_is_sent_again(
-    claude: Claude, start_gateway: GatewayFactory
-) -> None:
-    gw = start_gateway(claude.profiles)
-    claude.fake.queue(Reply(content="one two three", break_after_chunks=6), Reply(content="whole"))
-    with httpx.Client(base_url=gw.url) as http:
-        raw = http.post(
-            "/v1/chat/completions",
-            json={
-                "model": "haiku",
-                "messages": [{"role": "user", "content": "hi"}],
-                "stream": True,
-                "stream_options": {"boundedcode_discard": True},
-            },
-        ).content
-    assert b'"event":"discard"' in raw
-    assert raw.endswith(b"data: [DONE]\n\n")
-    call = gw.calls()[0]
-    assert call["retried"] is True and call["status"] == "ok"
-
-
 def test_prompt_too_long_is_context_length_exceeded(
     claude: Claude, start_gateway: GatewayFactory
 ) -> None:
