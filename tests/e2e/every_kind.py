@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import COMPAT_KEY, OPENAI_KEY
-from tests.fakes.anthropic_api import AnthropicReply, FakeAnthropic
+from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.common import Reply
 from tests.fakes.gemini_api import FakeGemini
 from tests.fakes.llama_server import FakeLlamaServer
@@ -55,9 +55,8 @@ class Fakes:
     profiles: dict[str, dict[str, Any]]
 
     def reset(self) -> None:
-        for fake in (self.llama, self.other, self.openai, self.compat, self.gemini):
+        for fake in (self.llama, self.other, self.openai, self.compat, self.claude, self.gemini):
             fake.replies.clear()
-        self.claude._replies.clear()
 
 
 def _openai_tool_calls() -> list[dict[str, Any]]:
@@ -81,17 +80,17 @@ def _openai_shaped(attr: str, lead: int) -> tuple[Callable[..., None], Callable[
     return text, tools
 
 
-def _anthropic_text(fakes: Fakes, *later: Any) -> None:
+def _anthropic_text(fakes: Fakes, *later: Reply) -> None:
     # message_start, ping, the text block's start, four text deltas
-    broken = AnthropicReply(text=ANSWER, break_after_events=7)
-    fakes.claude.queue(broken, *later or [AnthropicReply(text=ANSWER)])
+    broken = Reply(content=ANSWER, break_after_chunks=7)
+    fakes.claude.queue(broken, *later or [Reply(content=ANSWER)])
 
 
-def _anthropic_tools(fakes: Fakes, *later: Any) -> None:
-    calls = [{"name": n, "input": a} for n, a in CALLS]
+def _anthropic_tools(fakes: Fakes, *later: Reply) -> None:
+    calls = [{"name": n, "arguments": a} for n, a in CALLS]
     # message_start, ping, the first tool block's start, its empty delta, three pieces
-    broken = AnthropicReply(text="", tool_calls=calls, break_after_events=7)
-    fakes.claude.queue(broken, *later or [AnthropicReply(text="", tool_calls=calls)])
+    broken = Reply(content="", tool_calls=calls, break_after_chunks=7)
+    fakes.claude.queue(broken, *later or [Reply(content="", tool_calls=calls)])
 
 
 def _gemini_text(fakes: Fakes, *later: Reply) -> None:

@@ -21,7 +21,7 @@ import pytest
 import trustme
 
 from tests.e2e.conftest import Gateway, GatewayFactory
-from tests.fakes.anthropic_api import AnthropicReply, FakeAnthropic
+from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.common import Reply
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fakes.openai_api import FakeOpenAI
@@ -139,7 +139,7 @@ def test_https_upstreams_go_through_a_connect_tunnel(
     caplog.set_level("INFO")
     gw = start_gateway(setup.models)
     setup.gpt.queue(Reply(content="through the tunnel"), Reply(content="streamed tunnel"))
-    setup.claude.queue(AnthropicReply(text="claude via proxy"), AnthropicReply(text="and streamed"))
+    setup.claude.queue(Reply(content="claude via proxy"), Reply(content="and streamed"))
     whole = chat(gw, "gpt")
     assert whole.status_code == 200, whole.text
     assert whole.json()["choices"][0]["message"]["content"] == "through the tunnel"

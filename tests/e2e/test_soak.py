@@ -1,9 +1,11 @@
-"""Soak: 2,000 requests at concurrency 32 through randomly injected faults of every kind.
+"""Soak: 2,000 requests at concurrency 32, over all six provider kinds, through randomly
+injected faults of every kind.
 
-Bounded in count and time, loopback only. Half the streaming callers declare that
-they understand the discard event; no other caller ever receives two answers in one
-stream. Afterwards every request has exactly one ledger row, none hung, and the
-process's sockets and memory are back near where they started.
+Bounded in count and time, loopback only. Every fault is scripted in the shared ``Reply``
+vocabulary, which each kind's fake renders in its own wire shape. Half the streaming
+callers declare that they understand the discard event; no other caller ever receives two
+answers in one stream. Afterwards every request has exactly one ledger row, none hung, and
+the process's sockets and memory are back near where they started.
 """
 
 from __future__ import annotations
@@ -20,13 +22,27 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.e2e.conftest import Gateway, GatewayFactory, Upstreams
+from tests.e2e.conftest import Gateway, GatewayFactory
+from tests.e2e.every_kind import Fakes, fakes
 from tests.fakes.common import Reply, parse_sse
+
+__all__ = ["fakes"]  # the module-scoped fixture
 
 REQUESTS = 2000
 CONCURRENCY = 32
 DEADLINE_S = 240.0
 PER_REQUEST_TIMEOUT_S = 30.0
+# a silent upstream is given up after this; a busy machine's streams stay well inside it
+READ_TIMEOUT_S = 5.0
+# the profiles of every_kind.py, by the fake behind each, and whether it is a local server
+KINDS = [
+    ("local", "llama", True),
+    ("other", "other", True),
+    ("gpt", "openai", False),
+    ("glm", "compat", False),
+    ("claude", "claude", False),
+    ("gem", "gemini", False),
+]
 LLAMA_500 = {
     "error": {
         "code": 500,
@@ -61,18 +77,22 @@ def check_one_answer(raw: bytes, aware: bool) -> int:
     return len(discards)
 
 
-def faulty_replies(rng: random.Random, n: int, llama: bool) -> list[Reply]:
-    """Replies with every fault the gateway handles, mixed with good ones."""
+def faulty_replies(rng: random.Random, n: int, local: bool) -> list[Reply]:
+    """Replies with every fault the gateway handles, mixed with good ones; now and then a
+    silence the read timeout ends."""
     text = TEXT
-    error = {"code": 500, "message": "mid-stream failure", "type": "server_error"}
     faults = [
         lambda: Reply(content=text),
-        lambda: Reply(content=text, break_after_chunks=rng.randint(0, 6)),
-        lambda: Reply(content=text, error_event_after_chunks=rng.randint(1, 6), error_event=error),
+        lambda: Reply(content=text, break_after_chunks=rng.randint(0, 6), cut_body=True),
+        lambda: Reply(
+            content=text,
+            error_event_after_chunks=rng.randint(0, 6),
+            error_event_status=rng.choice([400, 500]),
+        ),
         lambda: Reply(content=text, delay_ms=rng.randint(0, 30)),
         lambda: Reply(content="", tool_calls=[{"name": "read", "arguments": '{"p": 1}'}]),
     ]
-    if llama:
+    if local:
         faults.append(lambda: Reply(status=500, error_body=LLAMA_500))
     else:
         faults += [
@@ -80,7 +100,11 @@ def faulty_replies(rng: random.Random, n: int, llama: bool) -> list[Reply]:
             lambda: Reply(status=529, headers={"retry-after": "0"}),
             lambda: Reply(status=503, headers={"retry-after-ms": "5"}),
         ]
-    return [rng.choice(faults)() for _ in range(n)]
+    silences = [
+        lambda: Reply(content=text, silent_after_chunks=rng.randint(0, 6)),
+        lambda: Reply(content=text, silent_before_headers=True),
+    ]
+    return [rng.choice(silences if rng.random() < 0.005 else faults)() for _ in range(n)]
 
 
 def open_fds() -> int:
@@ -93,7 +117,7 @@ def rss_mib() -> float:
 
 
 async def one_request(session: aiohttp.ClientSession, url: str, rng: random.Random) -> str:
-    model = rng.choice(["local", "other", "gpt", "glm"])
+    model = rng.choice([profile for profile, _, _ in KINDS])
     stream = rng.random() < 0.6
     words = 6000 if rng.random() < 0.03 else 8  # now and then, longer than the context
     body = {
@@ -146,17 +170,17 @@ async def load(url: str, seed: int, n: int) -> Counter[str]:
 # caught by counting descriptors below, not by which object the collector warns about.
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_soak(upstreams: Upstreams, start_gateway: GatewayFactory) -> None:
+def test_soak(fakes: Fakes, start_gateway: GatewayFactory) -> None:
     rng = random.Random(20261129)
-    upstreams.llama.total_slots = 1
-    for fake, is_llama in (
-        (upstreams.llama, True),
-        (upstreams.other_local, True),
-        (upstreams.openai, False),
-        (upstreams.compat, False),
-    ):
-        fake.queue(*faulty_replies(rng, REQUESTS, is_llama))
-    gw: Gateway = start_gateway(upstreams.profiles)
+    fakes.reset()
+    for _, attr, local in KINDS:
+        getattr(fakes, attr).queue(*faulty_replies(rng, REQUESTS, local))
+    profiles = {
+        **fakes.profiles,
+        # the cache keeper's follow-ups have their own tests (test_cache_keeper.py)
+        "local": {**fakes.profiles["local"], "server": {"cache_repair": False}},
+    }
+    gw: Gateway = start_gateway(profiles, inference={"read_timeout_s": READ_TIMEOUT_S})
     url = gw.url + "/v1/chat/completions"
     asyncio.run(load(url, seed=1, n=100))  # warm-up: pools, caches, first imports
     time.sleep(5.5)  # idle connections expire (4 s in the gateway's pool, 5 s at the fakes)
@@ -184,7 +208,9 @@ def test_soak(upstreams: Upstreams, start_gateway: GatewayFactory) -> None:
     statuses = Counter(r["http_status"] for r in rows)
     # a caller that hangs up after a short answer was fully sent is an ok call
     assert statuses[499] <= outcomes["hung_up"]
-    assert set(statuses) <= {200, 400, 429, 499, 500, 502, 503, 529}, statuses
+    assert set(statuses) <= {200, 400, 429, 499, 500, 502, 503, 504, 529}, statuses
+    # every kind was called, and every kind's faults reached the gateway
+    assert {r["model_profile"] for r in rows} == {profile for profile, _, _ in KINDS}
     time.sleep(5.5)
     assert open_fds() <= fds_before + 8
     assert rss_mib() < rss_before + 64

@@ -15,7 +15,7 @@ import trustme
 import yaml
 
 from tests.e2e.test_cli import free_port, start_serve
-from tests.fakes.anthropic_api import AnthropicReply, FakeAnthropic
+from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.common import Reply
 from tests.fakes.openai_api import FakeOpenAI
 from tests.fakes.server import RunningServer, serve_in_thread, stop_all
@@ -71,7 +71,7 @@ def test_https_upstreams_whole_and_streamed(
     tmp_path: Path, tls_upstreams: tuple[Path, FakeAnthropic, FakeOpenAI, list[RunningServer]]
 ) -> None:
     ca_file, claude, gpt, servers = tls_upstreams
-    claude.queue(AnthropicReply(text="over tls"), AnthropicReply(text="streamed over tls"))
+    claude.queue(Reply(content="over tls"), Reply(content="streamed over tls"))
     gpt.queue(Reply(content="openai over tls"), Reply(content="openai streamed"))
     port = free_port()
     env = {**os.environ, "TLS_TEST_KEY": KEY, "SSL_CERT_FILE": str(ca_file)}

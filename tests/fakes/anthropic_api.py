@@ -13,15 +13,19 @@
   with its thinking (400 "Expected `thinking` or `redacted_thinking`, ...").
 - Prompt caching is simulated at the request's ``cache_control`` breakpoints, so
   usage reports ``cache_read_input_tokens`` when a conversation grows.
+- Answers and faults come from the shared ``Reply`` script (``content`` the text,
+  ``reasoning_content`` the thinking, ``tool_calls`` ``{"name", "arguments"}``,
+  ``finish_reason`` a stop reason); an error event is Anthropic's ``event: error``.
+  ``AnthropicReply`` adds what only Anthropic answers have.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import secrets
+from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, get_type_hints
 
 import orjson
@@ -31,20 +35,22 @@ from pydantic import TypeAdapter, ValidationError
 
 from tests.fakes.common import (
     JSON,
+    CallerLink,
     ClientGone,
     HttpRequest,
     Receive,
     Recorder,
+    Reply,
     Scope,
     Send,
-    StreamWriter,
-    cancel_on_disconnect,
     count_tokens,
     fragments,
+    play_stream,
+    play_whole,
     random_alnum,
     read_request,
     send_json,
-    send_json_cut,
+    wait_to_answer,
 )
 
 _PARAMS = TypeAdapter(MessageCreateParams)
@@ -98,31 +104,16 @@ def _invalid(message: str) -> AnthropicError:
 
 
 @dataclass
-class AnthropicReply:
-    """What the fake model answers to one request, plus fault knobs.
+class AnthropicReply(Reply):
+    """The shared script (`Reply`) plus what only Anthropic's answers have.
 
-    ``thinking``: the thinking text (used when the request turns thinking on; with
-    thinking on and None, a short default is written). ``omit_thinking_text``: the
-    block comes with empty text and its signature (display "omitted").
-    ``redacted``: a ``redacted_thinking`` block follows the thinking block.
-    ``tool_calls``: ``{"name", "input"}`` (an optional ``"id"`` pins the id).
-    Faults: ``status`` (+ ``error``: the inner error object, + ``headers``);
-    ``break_after_events``: stream that many events and drop the connection (a
-    non-streamed body is cut in half); ``error_event_after_events`` (+ ``error``):
-    then an ``error`` event and the end of the response.
+    ``omit_thinking_text``: the thinking block comes with empty text and its signature
+    (display "omitted"). ``redacted``: a ``redacted_thinking`` block follows the thinking
+    block.
     """
 
-    text: str = "ok"
-    thinking: str | None = None
     omit_thinking_text: bool = False
     redacted: bool = False
-    tool_calls: list[dict[str, Any]] | None = None
-    stop_reason: str | None = None
-    status: int | None = None
-    error: dict[str, Any] | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    break_after_events: int | None = None
-    error_event_after_events: int | None = None
 
 
 def message_events(message: JSON, split: Iterable[int] | None = None) -> list[tuple[str, JSON]]:
@@ -219,16 +210,16 @@ class FakeAnthropic:
         # False: the newer API, whose request types have no temperature, top_p or top_k
         self.sampling_params = sampling_params
         self.requests = Recorder()
-        self._replies: list[AnthropicReply] = []
+        self.replies: deque[Reply] = deque()
         # signature → thinking text, and redacted data, this server issued
         self.issued: dict[str, str] = {}
         self.issued_redacted: set[str] = set()
         # prefix hash at a cache breakpoint → its tokens
         self._cache: dict[str, int] = {}
 
-    def queue(self, *replies: AnthropicReply) -> None:
+    def queue(self, *replies: Reply) -> None:
         """Answer the next requests with these replies, in order."""
-        self._replies.extend(replies)
+        self.replies.extend(replies)
 
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -237,38 +228,34 @@ class FakeAnthropic:
             return
         req = await read_request(scope, receive)
         self.requests.append(req.record())
+        link = CallerLink(receive, send)
         try:
-            if req.method != "POST" or req.path != "/v1/messages":
-                raise AnthropicError(404, error_body("not_found_error", "Not found"))
-            self._check_headers(req)
-            body = self._validate(req)
-            reply = self._replies.pop(0) if self._replies else AnthropicReply()
-            if reply.status is not None:
-                kind = _DEFAULT_ERRORS.get(reply.status, "api_error")
-                inner = reply.error or {
-                    "type": kind,
-                    "message": "Overloaded" if reply.status == 529 else kind,
-                }
-                raise AnthropicError(
-                    reply.status, {**error_body(kind, ""), "error": inner}, reply.headers
-                )
-            message = self._answer(body, reply)
+            await self._messages(req, link)
         except AnthropicError as exc:
-            await send_json(send, exc.status, exc.body, {"request-id": "req_x", **exc.headers})
+            headers = {"request-id": "req_x", **exc.headers}
+            await send_json(link.send, exc.status, exc.body, headers)
+        except ClientGone:
+            pass
+        finally:
+            link.close()
+
+    async def _messages(self, req: HttpRequest, link: CallerLink) -> None:
+        if req.method != "POST" or req.path != "/v1/messages":
+            raise AnthropicError(404, error_body("not_found_error", "Not found"))
+        self._check_headers(req)
+        body = self._validate(req)
+        reply = self.replies.popleft() if self.replies else Reply()
+        if not await wait_to_answer(link, reply):
             return
+        if reply.status is not None:
+            error = reply.error_body or _error_for(reply.status)
+            raise AnthropicError(reply.status, error, reply.headers)
+        message = self._answer(body, reply)
         headers = {"request-id": "req_" + random_alnum(12), **reply.headers}
         if body.get("stream") is True:
-            guarded, watcher = cancel_on_disconnect(receive, send)
-            try:
-                await self._stream(guarded, message, reply, headers)
-            except ClientGone:
-                pass
-            finally:
-                watcher.cancel()
-        elif reply.break_after_events is not None:
-            await send_json_cut(send, message, headers)
+            await self._stream(link, message, reply, headers)
         else:
-            await send_json(send, 200, message, headers)
+            await play_whole(link, 200, message, headers, reply)
 
     # -- checks
 
@@ -388,29 +375,31 @@ class FakeAnthropic:
             "cache_read_input_tokens": read,
         }
 
-    def _answer(self, body: JSON, reply: AnthropicReply) -> JSON:
+    def _answer(self, body: JSON, reply: Reply) -> JSON:
         usage = self._usage(body)
         content: list[JSON] = []
+        extras = reply if isinstance(reply, AnthropicReply) else AnthropicReply()
         if self._thinking_on(body):
-            text = reply.thinking if reply.thinking is not None else "Let me think."
+            thinking = reply.reasoning_content
+            text = thinking if thinking is not None else "Let me think."
             signature = secrets.token_urlsafe(48)
-            self.issued[signature] = "" if reply.omit_thinking_text else text
+            self.issued[signature] = "" if extras.omit_thinking_text else text
             content.append(
                 {"type": "thinking", "thinking": self.issued[signature], "signature": signature}
             )
-            if reply.redacted:
+            if extras.redacted:
                 data = secrets.token_urlsafe(64)
                 self.issued_redacted.add(data)
                 content.append({"type": "redacted_thinking", "data": data})
-        if reply.text:
-            content.append({"type": "text", "text": reply.text, "citations": None})
+        if reply.content:
+            content.append({"type": "text", "text": reply.content, "citations": None})
         for call in reply.tool_calls or ():
             content.append(
                 {
                     "type": "tool_use",
                     "id": call.get("id") or "toolu_" + random_alnum(24),
                     "name": call["name"],
-                    "input": call.get("input") or {},
+                    "input": _tool_input(call),
                 }
             )
         output = sum(
@@ -419,7 +408,7 @@ class FakeAnthropic:
             )
             for b in content
         )
-        stop = reply.stop_reason or ("tool_use" if reply.tool_calls else "end_turn")
+        stop = reply.finish_reason or ("tool_use" if reply.tool_calls else "end_turn")
         return {
             "id": "msg_" + random_alnum(24),
             "type": "message",
@@ -432,22 +421,30 @@ class FakeAnthropic:
         }
 
     async def _stream(
-        self, send: Send, message: JSON, reply: AnthropicReply, headers: dict[str, str]
+        self, link: CallerLink, message: JSON, reply: Reply, headers: dict[str, str]
     ) -> None:
-        writer = StreamWriter(send)
-        await writer.start({**headers, "content-type": "text/event-stream"})
         events = message_events(message, _repeat(self.tokens_per_delta))
-        for n, (name, data) in enumerate(events):
-            if reply.break_after_events is not None and n >= reply.break_after_events:
-                return  # the connection drops: no message_stop
-            if reply.error_event_after_events is not None and n >= reply.error_event_after_events:
-                inner = reply.error or {"type": "overloaded_error", "message": "Overloaded"}
-                await writer.write(encode_event("error", {"type": "error", "error": inner}))
-                await writer.end()
-                return
-            await writer.write(encode_event(name, data))
-            await asyncio.sleep(0)
-        await writer.end()
+        chunks = [encode_event(name, data) for name, data in events]
+        inner = reply.error_event or _error_for(reply.error_event_status or 529)["error"]
+        error = encode_event("error", {"type": "error", "error": inner})
+        # a break drops the connection before message_stop; the stream has no terminator
+        await play_stream(
+            link, {**headers, "content-type": "text/event-stream"}, chunks, reply, error_event=error
+        )
+
+
+def _error_for(status: int) -> JSON:
+    """Anthropic's error body for a status (its default wording)."""
+    kind = _DEFAULT_ERRORS.get(status, "api_error")
+    return error_body(kind, "Overloaded" if status == 529 else kind)
+
+
+def _tool_input(call: dict[str, Any]) -> Any:
+    """A scripted call's input: its ``arguments`` (an object or JSON text) or ``input``."""
+    args = call.get("arguments", call.get("input"))
+    if isinstance(args, str):
+        return orjson.loads(args) if args else {}
+    return args or {}
 
 
 def _repeat(n: int) -> Iterable[int]:

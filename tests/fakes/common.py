@@ -10,6 +10,7 @@ Must not know any provider's JSON shapes: those live in the provider fakes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import secrets
 import string
@@ -99,24 +100,39 @@ def parse_sse(raw: bytes) -> list[Any]:
 
 @dataclass
 class Reply:
-    """What the fake model answers to one chat request, plus fault knobs.
+    """One scripted answer to one request: the answer, and how the upstream fails to give it.
 
-    Answer: `reasoning_content`, `content`, `tool_calls` (each `{"name", "arguments"}` with
-    `arguments` a JSON string; an optional `"id"` pins the id, else `call_<random>`).
-    `finish_reason` overrides the derived one (`tool_calls` / `stop`; `length` when a
-    token budget cut the answer).
+    Every fake takes this script and renders it in its own provider's wire shape, so one
+    fault reads the same in a test whatever the upstream kind. A "chunk" is one event of the
+    provider's stream: an OpenAI-shaped `data:` chunk, one of Anthropic's named events, one
+    Gemini response chunk.
 
-    Faults:
-    - `status` (+ `error_body`): answer this HTTP error instead (provider default body if None);
+    The answer: `content`, `reasoning_content` (llama.cpp's reasoning, OpenAI-style
+    reasoning tokens, an Anthropic thinking block, a Gemini thought part), `tool_calls` (each
+    `{"name", "arguments"}` with `arguments` a JSON string or an object; an optional `"id"`
+    pins the id), `finish_reason` (the provider's own word; by default derived: tool calls,
+    a stop, or a length cut by a token budget).
+
+    How it fails:
+    - `status` (+ `error_body`, the whole body; the provider's default body if None): answer
+      this HTTP error instead;
     - `headers`: extra response headers (e.g. `retry-after`), on errors and successes;
-    - `delay_ms`: wait before answering (time to first byte);
-    - `chunk_delay_ms`: wait between stream events;
-    - `break_after_chunks`: stream N data events, then drop the connection (no finish
-      chunk, no `[DONE]`, no terminating HTTP chunk); a non-streamed answer is cut
-      halfway through its body instead;
-    - `error_event_after_chunks` (+ `error_event`): stream N data events, then one
-      `data: {"error": ...}` event, then end the response without `[DONE]`. `error_event` is
-      the inner error object (a dict with a top-level `error` key is sent as is).
+    - `delay_ms`: wait before answering (time to first byte); `chunk_delay_ms`: wait
+      between stream chunks;
+    - `break_after_chunks`: stream N chunks, then drop the connection (no finish, no
+      terminator, no terminating HTTP chunk);
+    - `error_event_after_chunks`: stream N chunks, then one error event in the provider's
+      stream shape, then end the response without its terminator. The event carries
+      `error_event` when given (the provider-shaped error object; for the OpenAI-shaped
+      fakes a dict with a top-level `error` key is sent as is), else the provider's error for
+      `error_event_status`, else the fake's default mid-stream error;
+    - `cut_body`: a whole (non-streamed) answer sends half its body, then drops the connection;
+    - `silent_after_chunks`: stream N chunks (a whole answer: its status and headers), then
+      send nothing until the client leaves;
+    - `silent_before_headers`: send nothing at all, not even the status, until the client
+      leaves.
+
+    A silence lasts at most `SILENCE_LIMIT_S`, then the connection is dropped.
     """
 
     content: str = "ok"
@@ -131,6 +147,15 @@ class Reply:
     break_after_chunks: int | None = None
     error_event_after_chunks: int | None = None
     error_event: dict[str, Any] | None = None
+    error_event_status: int | None = None
+    cut_body: bool = False
+    silent_after_chunks: int | None = None
+    silent_before_headers: bool = False
+
+
+# a scripted silence ends here at the latest, so a test that waits for the wrong thing fails
+# instead of hanging, and a fake server can always shut down
+SILENCE_LIMIT_S = 10.0
 
 
 def content_text(content: Any) -> str:
@@ -350,37 +375,39 @@ class ClientGone(Exception):
     """The client closed the connection; generation stops, as llama-server's does."""
 
 
-def cancel_on_disconnect(receive: Receive, send: Send) -> tuple[Send, asyncio.Task[None]]:
-    """A ``send`` that raises ``ClientGone`` once the client has disconnected, and the
-    watcher task behind it (cancel it when the response is done)."""
-    gone = asyncio.Event()
+class CallerLink:
+    """The caller's side of one exchange: a ``send`` that raises ``ClientGone`` once the
+    caller has disconnected, and ``gone`` to wait for that (a scripted silence ends there).
 
-    async def watch() -> None:
+    Start it after the request body was read; ``close()`` it when the response is done.
+    """
+
+    def __init__(self, receive: Receive, send: Send) -> None:
+        self.gone = asyncio.Event()
+        self._send = send
+        self.watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
-        gone.set()
+        self.gone.set()
 
-    async def guarded(message: Message) -> None:
-        if gone.is_set():
+    async def send(self, message: Message) -> None:
+        if self.gone.is_set():
             raise ClientGone
-        await send(message)
+        await self._send(message)
 
-    return guarded, asyncio.get_running_loop().create_task(watch())
+    async def silence(self) -> None:
+        """Say nothing until the caller leaves (at most ``SILENCE_LIMIT_S``)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.gone.wait(), SILENCE_LIMIT_S)
 
-
-async def send_json_cut(send: Send, obj: Any, headers: Mapping[str, str]) -> None:
-    """Start a 200 JSON answer and send only half its body; the caller then returns, and
-    uvicorn drops the connection, as an upstream that died mid-answer looks to a client."""
-    body = orjson.dumps(obj)
-    all_headers = {**headers, "content-length": str(len(body))}
-    await send(
-        {"type": "http.response.start", "status": 200, "headers": encode_headers(all_headers)}
-    )
-    await send({"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True})
+    def close(self) -> None:
+        self.watcher.cancel()
 
 
 class StreamWriter:
-    """Writes an SSE response event by event (`more_body: True`), so clients see each as sent."""
+    """Writes a response body piece by piece (`more_body: True`), so clients see each as sent."""
 
     def __init__(self, send: Send) -> None:
         self._send = send
@@ -411,7 +438,7 @@ async def sleep_ms(ms: float) -> None:
 
 
 def error_event_payload(reply: Reply, default: JSON) -> JSON:
-    """The JSON of an in-stream error event for `reply`."""
+    """The JSON of an OpenAI-shaped in-stream error event for `reply`: `{"error": ...}`."""
     if reply.error_event is None:
         return {"error": default}
     if "error" in reply.error_event:
@@ -419,36 +446,77 @@ def error_event_payload(reply: Reply, default: JSON) -> JSON:
     return {"error": reply.error_event}
 
 
-async def play_stream(
-    writer: StreamWriter,
-    chunks: Sequence[JSON],
-    reply: Reply,
-    default_error: JSON,
-) -> bool:
-    """Send `chunks` then `[DONE]`, applying the reply's stream faults.
-
-    Returns False when the connection must be dropped (break fault): the caller then
-    returns from the ASGI app without finishing the response, and uvicorn closes the
-    socket mid-body, which is what a crashed upstream looks like to a client.
-    """
+def _first_stream_fault(reply: Reply, n_chunks: int) -> tuple[int, str]:
+    """Where the stream stops being the answer (a chunk count) and how."""
     faults = [
         (at, kind)
         for at, kind in (
             (reply.error_event_after_chunks, "error"),
             (reply.break_after_chunks, "break"),
+            (reply.silent_after_chunks, "silence"),
         )
         if at is not None
     ]
-    cut, kind = min(faults) if faults else (len(chunks), "done")
+    return min(faults) if faults else (n_chunks, "done")
+
+
+async def play_stream(
+    link: CallerLink,
+    headers: Mapping[str, str],
+    chunks: Sequence[bytes],
+    reply: Reply,
+    *,
+    error_event: bytes,
+    terminator: bytes = b"",
+) -> None:
+    """Send a streamed answer: the status and headers, the encoded `chunks`, then the
+    provider's `terminator` (OpenAI's `[DONE]`; nothing for Anthropic or Gemini), applying the
+    reply's stream faults.
+
+    A break returns without finishing the response: uvicorn then closes the socket mid-body,
+    which is what a crashed upstream looks like to a client.
+    """
+    writer = StreamWriter(link.send)
+    await writer.start(headers)
+    cut, kind = _first_stream_fault(reply, len(chunks))
     for i, chunk in enumerate(chunks[: max(cut, 0)]):
         if i:
             await sleep_ms(reply.chunk_delay_ms)
-        await writer.event(chunk)
+        await writer.write(chunk)
+        await asyncio.sleep(0)  # lets the disconnect watcher see a caller that left
     if kind == "break":
-        return False
-    if kind == "error":
-        await writer.event(error_event_payload(reply, default_error))
-    else:
-        await writer.write(SSE_DONE)
+        return
+    if kind == "silence":
+        await link.silence()
+        return
+    await writer.write(error_event if kind == "error" else terminator)
     await writer.end()
+
+
+async def play_whole(
+    link: CallerLink, status: int, obj: Any, headers: Mapping[str, str], reply: Reply
+) -> None:
+    """Send a whole JSON answer, applying the reply's faults for one: a body cut short, or a
+    silence after the headers."""
+    body = orjson.dumps(obj)
+    all_headers = {**headers, "content-length": str(len(body))}
+    if not (reply.cut_body or reply.silent_after_chunks is not None):
+        await send_json(link.send, status, obj, headers)
+        return
+    writer = StreamWriter(link.send)
+    await writer.start(all_headers, status)
+    if reply.cut_body:
+        # the caller then returns, and uvicorn drops the connection mid-body
+        await writer.write(body[: len(body) // 2])
+    else:
+        await link.silence()
+
+
+async def wait_to_answer(link: CallerLink, reply: Reply) -> bool:
+    """The reply's wait before its first byte; False when it says nothing at all (a silence
+    before the headers), and the fake must then not answer."""
+    if reply.silent_before_headers:
+        await link.silence()
+        return False
+    await sleep_ms(reply.delay_ms)
     return True

@@ -9,8 +9,8 @@ sends as a signature-only part) and enforced as Gemini 3 does: in the current tu
 function-call step's first `functionCall` part must carry the exact signature issued for
 it, else 400 with the documented text. Answers come from `Reply` scripts (`content` is the
 text, `reasoning_content` a thought part, `tool_calls` function calls with an optional pinned
-`id`, `finish_reason` a Gemini finishReason); the fault knobs work as in the other fakes,
-an in-stream error being sent as a one-element JSON array.
+`id`, `finish_reason` a Gemini finishReason); the faults are the shared script's, an
+in-stream error being sent as a one-element JSON array.
 """
 
 from __future__ import annotations
@@ -27,23 +27,26 @@ from google.genai import types
 
 from tests.fakes.common import (
     JSON,
+    CallerLink,
+    ClientGone,
     Receive,
     Recorder,
     Reply,
     Scope,
     Segment,
     Send,
-    StreamWriter,
     ToolCall,
     default_reply,
     fragments,
     generate,
+    play_stream,
+    play_whole,
     random_alnum,
     read_request,
     send_json,
-    send_json_cut,
-    sleep_ms,
+    sse_event,
     tokenize,
+    wait_to_answer,
 )
 
 PLACEHOLDER = "skip_thought_signature_validator"
@@ -75,6 +78,10 @@ DEFAULT_MESSAGES = {
     "https://developers.generativeai.google/guide/troubleshooting",
     503: "The model is overloaded. Please try again later.",
 }
+
+
+def _error_for(status: int) -> JSON:
+    return gemini_error_body(status, DEFAULT_MESSAGES.get(status, "Request failed."))
 
 
 def gemini_error_body(status: int, message: str) -> JSON:
@@ -147,14 +154,25 @@ class FakeGemini:
             return
         req = await read_request(scope, receive)
         self.requests.append(req.record())
+        link = CallerLink(receive, send)
         try:
-            await self._dispatch(req.method, req.path, req.query, req.headers, req.raw_body, send)
+            await self._dispatch(req.method, req.path, req.query, req.headers, req.raw_body, link)
         except GeminiError as exc:
             self.refused.append(str(exc))
-            await _send(send, exc.status, exc.body, exc.headers)
+            await _send(link.send, exc.status, exc.body, exc.headers)
+        except ClientGone:
+            pass
+        finally:
+            link.close()
 
     async def _dispatch(
-        self, method: str, path: str, query: str, headers: dict[str, str], raw: bytes, send: Send
+        self,
+        method: str,
+        path: str,
+        query: str,
+        headers: dict[str, str],
+        raw: bytes,
+        link: CallerLink,
     ) -> None:
         key = headers.get("x-goog-api-key")
         if not key:
@@ -177,9 +195,9 @@ class FakeGemini:
                 "generateContent.",
             )
         if action == "generateContent":
-            await self._generate(model, raw, False, send)
+            await self._generate(model, raw, False, link)
         elif action == "streamGenerateContent" and "alt=sse" in query:
-            await self._generate(model, raw, True, send)
+            await self._generate(model, raw, True, link)
         else:
             raise GeminiError(404, f"Invalid action {action!r}")
 
@@ -264,13 +282,12 @@ class FakeGemini:
 
     # ------------------------------------------------------------------ answers
 
-    async def _generate(self, model: str, raw: bytes, stream: bool, send: Send) -> None:
+    async def _generate(self, model: str, raw: bytes, stream: bool, link: CallerLink) -> None:
         reply = self.replies.popleft() if self.replies else None
         if reply is not None and reply.status is not None:
-            await sleep_ms(reply.delay_ms)
-            message = DEFAULT_MESSAGES.get(reply.status, "Request failed.")
-            body = reply.error_body or gemini_error_body(reply.status, message)
-            await _send(send, reply.status, body, reply.headers)
+            if await wait_to_answer(link, reply):
+                body = reply.error_body or _error_for(reply.status)
+                await _send(link.send, reply.status, body, reply.headers)
             return
         try:
             body = self._validate(raw)
@@ -280,14 +297,14 @@ class FakeGemini:
                 self.replies.appendleft(reply)
             raise
         reply = reply or default_reply(_last_user_text(body["contents"]))
-        await sleep_ms(reply.delay_ms)
+        if not await wait_to_answer(link, reply):
+            return
         answer = self._answer(model, body, reply, prompt)
         if stream:
-            await self._stream(answer, reply, send)
-        elif reply.break_after_chunks is not None:
-            await send_json_cut(send, answer.whole(), {"content-type": "application/json"})
+            await self._stream(answer, reply, link)
         else:
-            await _send(send, 200, answer.whole(), reply.headers)
+            headers = {"content-type": "application/json", **reply.headers}
+            await play_whole(link, 200, answer.whole(), headers, reply)
 
     def _sign(self, issued: Issued) -> str:
         sig = base64.b64encode(secrets.token_bytes(24)).decode()
@@ -338,24 +355,12 @@ class FakeGemini:
             chunk_tokens=self.chunk_tokens,
         )
 
-    async def _stream(self, answer: _Answer, reply: Reply, send: Send) -> None:
-        writer = StreamWriter(send)
-        await writer.start({"content-type": "text/event-stream", **reply.headers})
-        chunks = answer.chunks()
-        cut = len(chunks)
-        for at in (reply.break_after_chunks, reply.error_event_after_chunks):
-            if at is not None:
-                cut = min(cut, at)
-        for i, chunk in enumerate(chunks[:cut]):
-            if i:
-                await sleep_ms(reply.chunk_delay_ms)
-            await writer.event(chunk)
-        if reply.break_after_chunks is not None and cut == reply.break_after_chunks:
-            return  # drop the connection mid-answer
-        if reply.error_event_after_chunks is not None:
-            error = reply.error_event or gemini_error_body(503, DEFAULT_MESSAGES[503])
-            await writer.event([error])  # Gemini's stream error: a one-element array
-        await writer.end()
+    async def _stream(self, answer: _Answer, reply: Reply, link: CallerLink) -> None:
+        headers = {"content-type": "text/event-stream", **reply.headers}
+        chunks = [sse_event(c) for c in answer.chunks()]
+        error = reply.error_event or _error_for(reply.error_event_status or 503)
+        # Gemini's stream error: a one-element array; the stream has no terminator
+        await play_stream(link, headers, chunks, reply, error_event=sse_event([error]))
 
 
 @dataclass

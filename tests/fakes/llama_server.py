@@ -36,6 +36,8 @@ import orjson
 
 from tests.fakes.common import (
     JSON,
+    SSE_DONE,
+    CallerLink,
     ClientGone,
     Generated,
     HttpRequest,
@@ -45,22 +47,23 @@ from tests.fakes.common import (
     Scope,
     Segment,
     Send,
-    StreamWriter,
     ToolCall,
-    cancel_on_disconnect,
     common_prefix_len,
     content_text,
     default_reply,
+    error_event_payload,
     fragments,
     generate,
     play_stream,
+    play_whole,
     random_alnum,
     read_request,
     reply_tool_calls,
     send_json,
-    send_json_cut,
     sleep_ms,
+    sse_event,
     tokenize,
+    wait_to_answer,
 )
 
 BUILD_INFO = "b11434-fake"
@@ -84,6 +87,11 @@ _TYPE_BY_STATUS = {
     500: "server_error",
     501: "not_supported_error",
     503: "unavailable_error",
+}
+_SUCCESS_HEADERS = {
+    "server": "llama.cpp",
+    "content-type": "application/json; charset=utf-8",
+    "keep-alive": "timeout=5, max=100",
 }
 _HEALTH_PATHS = frozenset({"/health", "/v1/health"})
 _CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
@@ -318,18 +326,18 @@ class FakeLlamaServer:
         # what the gateway's cache keeper asks is kept apart from the callers' traffic
         kept_apart = req.path in _CACHE_PATHS
         (self.cache_requests if kept_apart else self.requests).append(req.record())
-        send, watcher = cancel_on_disconnect(receive, send)
+        link = CallerLink(receive, send)
         try:
             if kept_apart:
-                await self._until_gone(self._dispatch(req, send), watcher)
+                await self._until_gone(self._dispatch(req, link), link.watcher)
             else:
-                await self._dispatch(req, send)
+                await self._dispatch(req, link)
         except LlamaError as exc:
-            await self._send(send, exc.status, exc.body)
+            await self._send(link.send, exc.status, exc.body)
         except ClientGone:
             pass
         finally:
-            watcher.cancel()
+            link.close()
 
     @staticmethod
     async def _until_gone(work: Awaitable[None], watcher: asyncio.Task[None]) -> None:
@@ -344,16 +352,19 @@ class FakeLlamaServer:
             return
         await task
 
-    async def _dispatch(self, req: HttpRequest, send: Send) -> None:
+    async def _dispatch(self, req: HttpRequest, link: CallerLink) -> None:
         # Order of the real pre-routing middleware: loading state, then API key, then routes.
         if self.loading:
             raise LlamaError(503, "Loading model")
         if self.api_key is not None and req.path not in _HEALTH_PATHS and not self._authorized(req):
             raise LlamaError(401, "Invalid API Key")
+        if req.method == "POST" and req.path in _CHAT_PATHS:
+            await self._chat(req, link)
+            return
         handler = self._route(req)
         if handler is None:
             raise LlamaError(404, "File Not Found")
-        await handler(req, send)
+        await handler(req, link.send)
 
     def _route(self, req: HttpRequest) -> Callable[[HttpRequest, Send], Awaitable[None]] | None:
         if req.method == "GET" and req.path in _HEALTH_PATHS:
@@ -362,8 +373,6 @@ class FakeLlamaServer:
             return self._props
         if req.method == "GET" and req.path in ("/v1/models", "/models"):
             return self._models
-        if req.method == "POST" and req.path in _CHAT_PATHS:
-            return self._chat
         if req.method == "GET" and req.path == "/slots":
             return self._slots
         if req.method == "POST" and req.path == "/apply-template":
@@ -389,7 +398,7 @@ class FakeLlamaServer:
             # when the response carries this header.
             headers["connection"] = "close"
         else:
-            headers["keep-alive"] = "timeout=5, max=100"
+            headers = dict(_SUCCESS_HEADERS)
         headers.update(extra_headers or {})
         await send_json(send, status, obj, headers)
 
@@ -411,13 +420,13 @@ class FakeLlamaServer:
 
     # ------------------------------------------------------------------ chat
 
-    async def _chat(self, req: HttpRequest, send: Send) -> None:
+    async def _chat(self, req: HttpRequest, link: CallerLink) -> None:
         body = _parse_body(req)
         reply = self.replies.popleft() if self.replies else None
         if reply is not None and reply.status is not None:
-            await sleep_ms(reply.delay_ms)
-            error = reply.error_body or llama_error_body(reply.status, "fake upstream error")
-            await self._send(send, reply.status, error, reply.headers)
+            if await wait_to_answer(link, reply):
+                error = reply.error_body or llama_error_body(reply.status, "fake upstream error")
+                await self._send(link.send, reply.status, error, reply.headers)
             return
         try:
             task = self._prepare(body)
@@ -425,20 +434,19 @@ class FakeLlamaServer:
             if reply is not None:  # a refused request does not use up the scripted answer
                 self.replies.appendleft(reply)
             raise
-        await self._complete(task, reply or default_reply(body.get("messages")), send)
+        await self._complete(task, reply or default_reply(body.get("messages")), link)
 
-    async def _complete(self, task: _ChatTask, reply: Reply, send: Send) -> None:
+    async def _complete(self, task: _ChatTask, reply: Reply, link: CallerLink) -> None:
         slot = await self._acquire_slot(task)
         try:
-            await sleep_ms(reply.delay_ms)
+            if not await wait_to_answer(link, reply):
+                return
             result = self._evaluate(task, reply, slot)
             if task.stream:
-                await self._stream(task, reply, result, send)
-            elif reply.break_after_chunks is not None:
-                headers = {"server": "llama.cpp", "content-type": "application/json"}
-                await send_json_cut(send, self._response(result), headers)
+                await self._stream(task, reply, result, link)
             else:
-                await self._send(send, 200, self._response(result), reply.headers)
+                headers = {**_SUCCESS_HEADERS, **reply.headers}
+                await play_whole(link, 200, self._response(result), headers, reply)
         finally:
             await self._release_slot(slot)
 
@@ -867,17 +875,19 @@ class FakeLlamaServer:
         chunks[-1]["timings"] = result.timings
         return chunks
 
-    async def _stream(self, task: _ChatTask, reply: Reply, result: _Result, send: Send) -> None:
-        writer = StreamWriter(send)
+    async def _stream(
+        self, task: _ChatTask, reply: Reply, result: _Result, link: CallerLink
+    ) -> None:
         headers = {
             "server": "llama.cpp",
             "content-type": "text/event-stream",
             "keep-alive": "timeout=5, max=100",
             **reply.headers,
         }
-        await writer.start(headers)
-        default_error = {"code": 500, "message": "fake mid-stream error", "type": "server_error"}
-        await play_stream(writer, self._stream_chunks(task, result), reply, default_error)
+        chunks = [sse_event(c) for c in self._stream_chunks(task, result)]
+        default = llama_error_body(reply.error_event_status or 500, "fake mid-stream error")
+        error = sse_event(error_event_payload(reply, default["error"]))
+        await play_stream(link, headers, chunks, reply, error_event=error, terminator=SSE_DONE)
 
 
 # ---------------------------------------------------------------------- request checks

@@ -21,6 +21,9 @@ import orjson
 
 from tests.fakes.common import (
     JSON,
+    SSE_DONE,
+    CallerLink,
+    ClientGone,
     Generated,
     HttpRequest,
     Receive,
@@ -29,20 +32,21 @@ from tests.fakes.common import (
     Scope,
     Segment,
     Send,
-    StreamWriter,
     common_prefix_len,
     content_text,
     default_reply,
+    error_event_payload,
     fragments,
     generate,
     play_stream,
+    play_whole,
     random_alnum,
     read_request,
     reply_tool_calls,
     send_json,
-    send_json_cut,
-    sleep_ms,
+    sse_event,
     tokenize,
+    wait_to_answer,
 )
 
 SYSTEM_FINGERPRINT = "fp_fake0001"
@@ -127,6 +131,19 @@ def default_error_body(status: int) -> JSON:
     return openai_error_body(message, type_, None, code)
 
 
+def _stream_error(status: int | None) -> JSON:
+    """The error object of an in-stream error event: OpenAI's own (a server error, no
+    status), or an OpenAI-compatible server's with the status as its code."""
+    if status is None:
+        return {
+            "message": "The server had an error while processing your request. Sorry about that!",
+            "type": "server_error",
+            "param": None,
+            "code": None,
+        }
+    return {**default_error_body(status)["error"], "code": status}
+
+
 def mask_key(key: str) -> str:
     """Mask an API key as OpenAI does in its 401 message: first 3, stars, last 4."""
     if len(key) <= 7:
@@ -196,17 +213,22 @@ class FakeOpenAI:
             return
         req = await read_request(scope, receive)
         self.requests.append(req.record())
+        link = CallerLink(receive, send)
         try:
-            await self._dispatch(req, send)
+            await self._dispatch(req, link)
         except OpenAIError as exc:
-            await self._send(send, exc.status, exc.body, exc.headers)
+            await self._send(link.send, exc.status, exc.body, exc.headers)
+        except ClientGone:
+            pass
+        finally:
+            link.close()
 
-    async def _dispatch(self, req: HttpRequest, send: Send) -> None:
+    async def _dispatch(self, req: HttpRequest, link: CallerLink) -> None:
         self._check_auth(req)
         if req.method == "POST" and req.path == f"{self.path_prefix}/chat/completions":
-            await self._chat(req, send)
+            await self._chat(req, link)
         elif req.method == "GET" and req.path == f"{self.path_prefix}/models":
-            await self._send(send, 200, self._model_list())
+            await self._send(link.send, 200, self._model_list())
         else:
             body = openai_error_body(f"Invalid URL ({req.method} {req.path})")
             raise OpenAIError(404, body)
@@ -224,11 +246,13 @@ class FakeOpenAI:
             raise OpenAIError(401, openai_error_body(message, code="invalid_api_key"))
 
     @staticmethod
+    def _base_headers() -> dict[str, str]:
+        return {"content-type": "application/json", "x-request-id": "req_" + random_alnum(24)}
+
     async def _send(
-        send: Send, status: int, obj: Any, headers: dict[str, str] | None = None
+        self, send: Send, status: int, obj: Any, headers: dict[str, str] | None = None
     ) -> None:
-        base = {"content-type": "application/json", "x-request-id": "req_" + random_alnum(24)}
-        await send_json(send, status, obj, {**base, **(headers or {})})
+        await send_json(send, status, obj, {**self._base_headers(), **(headers or {})})
 
     def _model_list(self) -> JSON:
         data = [
@@ -239,13 +263,13 @@ class FakeOpenAI:
 
     # ------------------------------------------------------------------ chat
 
-    async def _chat(self, req: HttpRequest, send: Send) -> None:
+    async def _chat(self, req: HttpRequest, link: CallerLink) -> None:
         body = self._validate(req)
         reply = self.replies.popleft() if self.replies else None
         if reply is not None and reply.status is not None:
-            await sleep_ms(reply.delay_ms)
-            error = reply.error_body or default_error_body(reply.status)
-            await self._send(send, reply.status, error, reply.headers)
+            if await wait_to_answer(link, reply):
+                error = reply.error_body or default_error_body(reply.status)
+                await self._send(link.send, reply.status, error, reply.headers)
             return
         try:
             prompt = self._prompt_tokens(body)
@@ -254,14 +278,14 @@ class FakeOpenAI:
                 self.replies.appendleft(reply)
             raise
         reply = reply or default_reply(body.get("messages"))
-        await sleep_ms(reply.delay_ms)
+        if not await wait_to_answer(link, reply):
+            return
         result = self._generate(body, prompt, reply)
         if body.get("stream") is True:
-            await self._stream(body, reply, result, send)
-        elif reply.break_after_chunks is not None:
-            await send_json_cut(send, self._response(result), {"content-type": "application/json"})
+            await self._stream(reply, result, link)
         else:
-            await self._send(send, 200, self._response(result), reply.headers)
+            headers = {**self._base_headers(), **reply.headers}
+            await play_whole(link, 200, self._response(result), headers, reply)
 
     def _validate(self, req: HttpRequest) -> JSON:
         try:
@@ -454,21 +478,15 @@ class FakeOpenAI:
             chunks.append({**self._chunk(result, []), "usage": result.usage()})
         return chunks
 
-    async def _stream(self, body: JSON, reply: Reply, result: _Result, send: Send) -> None:
-        writer = StreamWriter(send)
+    async def _stream(self, reply: Reply, result: _Result, link: CallerLink) -> None:
         headers = {
             "content-type": "text/event-stream; charset=utf-8",
             "x-request-id": "req_" + random_alnum(24),
             **reply.headers,
         }
-        await writer.start(headers)
-        default_error = {
-            "message": "The server had an error while processing your request. Sorry about that!",
-            "type": "server_error",
-            "param": None,
-            "code": None,
-        }
-        await play_stream(writer, self._stream_chunks(result), reply, default_error)
+        chunks = [sse_event(c) for c in self._stream_chunks(result)]
+        error = sse_event(error_event_payload(reply, _stream_error(reply.error_event_status)))
+        await play_stream(link, headers, chunks, reply, error_event=error, terminator=SSE_DONE)
 
 
 @dataclass

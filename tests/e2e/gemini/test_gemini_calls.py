@@ -128,21 +128,6 @@ def test_context_overflow_becomes_context_length_exceeded(
     assert len(gem.gemini.requests) == 1
 
 
-@pytest.mark.parametrize(
-    ("status", "canonical"), [(429, "RESOURCE_EXHAUSTED"), (503, "UNAVAILABLE"), (500, "INTERNAL")]
-)
-def test_retryable_errors_are_sent_again(
-    gem: GeminiSetup, start_gateway: GatewayFactory, status: int, canonical: str
-) -> None:
-    gw = start_gateway(gem.profiles)
-    gem.gemini.queue(Reply(status=status, headers={"retry-after": "0"}), Reply(content="Now."))
-    reply = gw.client().chat.completions.create(model="gem", messages=ASK)
-    assert reply.choices[0].message.content == "Now."
-    call = gw.calls()[0]
-    assert call["attempts"] == 2
-    assert call["attempt_log"][0]["status"] == status
-
-
 def test_other_errors_keep_their_status_in_openai_shape(
     gem: GeminiSetup, start_gateway: GatewayFactory
 ) -> None:
@@ -159,53 +144,6 @@ def test_other_errors_keep_their_status_in_openai_shape(
         }
     }
     assert len(gem.gemini.requests) == 1
-
-
-def test_stream_error_array_before_content_is_retried(
-    gem: GeminiSetup, start_gateway: GatewayFactory
-) -> None:
-    gw = start_gateway(gem.profiles)
-    gem.gemini.queue(Reply(content="Hi.", error_event_after_chunks=0), Reply(content="Hello."))
-    resp = post(gw.url, model="gem", messages=ASK, stream=True)
-    events = parse_sse(resp.content)
-    assert resp.status_code == 200
-    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1]) == "Hello."
-    assert gw.calls()[0]["attempt_log"][0]["status"] == 503
-
-
-def test_stream_error_after_content_is_an_error_event(
-    gem: GeminiSetup, start_gateway: GatewayFactory
-) -> None:
-    gw = start_gateway(gem.profiles)
-    error = gemini_error_body(400, "Request contains an invalid argument.")
-    gem.gemini.queue(
-        Reply(content="one two three four", error_event_after_chunks=1, error_event=error)
-    )
-    resp = post(gw.url, model="gem", messages=ASK, stream=True)
-    events = parse_sse(resp.content)
-    assert events[-1]["error"]["message"] == "Request contains an invalid argument."
-    assert gw.calls()[0]["status"] == "error"
-
-
-def test_stream_without_finish_reason_is_broken_and_sent_again(
-    gem: GeminiSetup, start_gateway: GatewayFactory
-) -> None:
-    gw = start_gateway(gem.profiles)
-    gem.gemini.queue(
-        Reply(content="one two three four", break_after_chunks=2), Reply(content="Whole.")
-    )
-    resp = post(
-        gw.url,
-        model="gem",
-        messages=ASK,
-        stream=True,
-        stream_options={"boundedcode_discard": True},
-    )
-    events = parse_sse(resp.content)
-    assert any(e != "[DONE]" and e.get("boundedcode", {}).get("event") == "discard" for e in events)
-    assert events[-1] == "[DONE]"
-    call = gw.calls()[0]
-    assert call["retried"] is True and call["status"] == "ok"
 
 
 def test_malformed_function_call_is_an_error(

@@ -12,6 +12,7 @@ from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
 from tests.fakes.anthropic_api import AnthropicReply, FakeAnthropic, message_events
+from tests.fakes.common import Reply
 from tests.fakes.server import serve_in_thread
 
 KEY = "sk-ant-fake"
@@ -42,12 +43,14 @@ def test_the_sdk_reads_whole_answers_and_streams(
     fake: tuple[FakeAnthropic, anthropic.Anthropic],
 ) -> None:
     server, client = fake
-    server.queue(AnthropicReply(text="Hello.", thinking="Hmm.", redacted=True))
+    server.queue(AnthropicReply(content="Hello.", reasoning_content="Hmm.", redacted=True))
     message = client.messages.create(**_thinking_request())
     assert [b.type for b in message.content] == ["thinking", "redacted_thinking", "text"]
     server.queue(
-        AnthropicReply(
-            text="Calling.", thinking="Plan.", tool_calls=[{"name": "ls", "input": {"a": 1}}]
+        Reply(
+            content="Calling.",
+            reasoning_content="Plan.",
+            tool_calls=[{"name": "ls", "arguments": {"a": 1}}],
         )
     )
     with client.messages.stream(**_thinking_request()) as stream:
@@ -85,7 +88,7 @@ def test_the_fake_enforces_the_thinking_rules(
 ) -> None:
     server, client = fake
     server.queue(
-        AnthropicReply(text="", thinking="Plan.", tool_calls=[{"name": "ls", "input": {}}])
+        Reply(content="", reasoning_content="Plan.", tool_calls=[{"name": "ls", "arguments": {}}])
     )
     first = client.messages.create(**_thinking_request())
     tool_use = first.content[-1]
