@@ -12,7 +12,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-
 from bench.inference.__main__ import main as bench_main
 
 pytestmark = pytest.mark.llama_server

@@ -27,8 +27,8 @@ import yaml
 from boundedcode_gateway.config import parse_config
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.metering.writer import MeterWriter
-from boundedcode_gateway.providers.http import HttpClient
 from boundedcode_gateway.providers.openai_compat.adapter import OpenAICompatUpstream
+from boundedcode_gateway.upstream.http import HttpClient
 
 # how long a held connection waits for its client at most, so a failing test cannot hang
 HOLD_LIMIT_S = 10.0

@@ -14,7 +14,7 @@ from boundedcode_gateway.errors import GatewayError, UpstreamUnavailable
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.policy.retry import BACKOFF_BASE_S
 from boundedcode_gateway.providers.base import PreparedRequest, Upstream
-from boundedcode_gateway.providers.http import HttpClient, Timeouts, read_body
+from boundedcode_gateway.upstream.http import HttpClient, Timeouts, read_body
 from tests.unit.scripted_http import ScriptedServer, completion, json_answer, openai_upstream
 
 

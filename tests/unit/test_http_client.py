@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from boundedcode_gateway.errors import StreamBroken, UpstreamTimeout, UpstreamUnavailable
-from boundedcode_gateway.providers import http as http_module
-from boundedcode_gateway.providers.http import HttpClient, Timeouts, iter_body, read_body
+from boundedcode_gateway.upstream import http as http_module
+from boundedcode_gateway.upstream.http import HttpClient, Timeouts, iter_body, read_body
 from tests.unit.scripted_http import (
     Answer,
     ScriptedServer,

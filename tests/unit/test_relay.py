@@ -14,8 +14,8 @@ from boundedcode_gateway.attempts import Attempts
 from boundedcode_gateway.errors import GatewayError, StreamBroken
 from boundedcode_gateway.metering.meter import CLIENT_CLOSED, CallContext, Meter
 from boundedcode_gateway.providers.base import CallMetrics, PreparedRequest, RequestOptions
-from boundedcode_gateway.providers.http import HttpClient, Timeouts
 from boundedcode_gateway.relay import StreamRelay
+from boundedcode_gateway.upstream.http import HttpClient, Timeouts
 from tests.unit.scripted_http import (
     DONE,
     FINISH,

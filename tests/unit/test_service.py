@@ -16,9 +16,9 @@ from boundedcode_gateway.errors import GatewayError, InternalError, ModelNotFoun
 from boundedcode_gateway.metering.meter import CLIENT_CLOSED, CallContext
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.policy import structured
-from boundedcode_gateway.providers.http import HttpClient, Timeouts
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.service import GatewayService, JsonAnswer, StreamAnswer
+from boundedcode_gateway.upstream.http import HttpClient, Timeouts
 from tests.unit.scripted_http import (
     DONE,
     FINISH,
