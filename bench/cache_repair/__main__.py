@@ -36,6 +36,7 @@ import orjson
 
 from bench import real_server
 from bench.cache_repair import token_exact
+from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 
 BUDGET = {"reasoning_budget_tokens": 120, "max_tokens": 200, "temperature": 0.8}
 TOPICS = (
@@ -90,7 +91,7 @@ def _followed(data_dir: Path, task: str, answers: int, repair: bool) -> None:
         time.sleep(1.0)
         return
     deadline = time.monotonic() + 60
-    while sum(c["task"] == task and c["purpose"] == "cache_repair" for c in _calls(data_dir)) < (
+    while sum(c["task"] == task and c["purpose"] == REPAIR_PURPOSE for c in _calls(data_dir)) < (
         answers
     ):
         if time.monotonic() > deadline:
@@ -202,7 +203,7 @@ def arrivals_table(
         if running
     ]
     abandoned = sum(
-        c["purpose"] == "cache_repair" and c["error_code"] == "abandoned" for c in calls
+        c["purpose"] == REPAIR_PURPOSE and c["error_code"] == "abandoned" for c in calls
     )
     pairs.sort()
     added = f"{pairs[len(pairs) // 2]:+.1f} ms" if pairs else "n/a"
@@ -242,7 +243,7 @@ def table(calls: list[dict[str, Any]], conversations: int, turns: int, repair: b
     for n in range(conversations):
         task = f"c{n + 1}"
         turns_of = [c for c in calls if c["task"] == task and c["purpose"] == "agent_turn"]
-        repairs = [c for c in calls if c["task"] == task and c["purpose"] == "cache_repair"]
+        repairs = [c for c in calls if c["task"] == task and c["purpose"] == REPAIR_PURPOSE]
         cells = []
         for t, call in enumerate(turns_of):
             # the repair after turn t readies turn t + 1: shown beside what it readied

@@ -23,8 +23,8 @@ from bench import real_server
 from bench.inference.caller import Caller
 from bench.inference.modes import Mode
 from bench.inference.workload import Workload
+from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 
-REPAIR_PURPOSE = "cache_repair"
 FOLLOW_UP_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 600.0
 

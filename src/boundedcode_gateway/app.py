@@ -7,11 +7,13 @@ import logging
 import os
 from typing import Any
 
+from boundedcode_gateway import jsonl
 from boundedcode_gateway.config import GatewayConfig
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.ingress.render import Receive, Send, send_error
 from boundedcode_gateway.ingress.routes import Router
 from boundedcode_gateway.metering.writer import MeterWriter
+from boundedcode_gateway.policy.cache_misses import ContinuityTable
 from boundedcode_gateway.providers.base import Upstream
 from boundedcode_gateway.providers.registry import REASONING_FILES, build_upstreams
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
@@ -20,6 +22,10 @@ from boundedcode_gateway.upstream.http import HttpClient, Timeouts
 from boundedcode_gateway.upstream.proxy import ProxySettings
 
 log = logging.getLogger(__name__)
+
+
+# how much of the call log's end a start reads for the conversations' previous calls
+CONTINUITY_TAIL_BYTES = 8 * 1024 * 1024
 
 
 class GatewayApp:
@@ -37,7 +43,13 @@ class GatewayApp:
         self.upstreams: dict[str, Upstream] = build_upstreams(config, self.http)
         self.writer = MeterWriter(config.calls_path, config.ledger_path, enabled=config.metering)
         self.reasoning = ReasoningStore(config.data_path, REASONING_FILES)
-        self.service = GatewayService(self.upstreams, self.http, self.writer, self.reasoning)
+        # a restarted gateway goes on comparing each conversation with its previous call
+        continuity = ContinuityTable.from_call_log(
+            jsonl.read_objects(config.calls_path, tail_bytes=CONTINUITY_TAIL_BYTES)
+        )
+        self.service = GatewayService(
+            self.upstreams, self.http, self.writer, self.reasoning, continuity
+        )
         self.router = Router(self.service, config.max_body_bytes)
         self._started = False
 

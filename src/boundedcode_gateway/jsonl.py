@@ -27,13 +27,21 @@ def append(path: Path, data: bytes) -> None:
         f.flush()
 
 
-def read_objects(path: Path) -> Iterator[dict[str, Any]]:
-    """Each line that is a JSON object, oldest first; a missing file has none."""
+def read_objects(path: Path, tail_bytes: int | None = None) -> Iterator[dict[str, Any]]:
+    """Each line that is a JSON object, oldest first; a missing file has none.
+
+    With ``tail_bytes``, only the whole lines within the file's last ``tail_bytes``.
+    """
     try:
         f = path.open("rb")
     except FileNotFoundError:
         return
     with f:
+        if tail_bytes is not None and f.seek(0, 2) > tail_bytes:
+            f.seek(-tail_bytes, 2)
+            f.readline()  # most likely the end of a line that began before the tail
+        else:
+            f.seek(0)
         for line in f:
             if not line.strip():
                 continue

@@ -34,11 +34,13 @@ class GatewayService:
         http: HttpClient,
         writer: MeterWriter,
         reasoning: ReasoningStore,
+        continuity: ContinuityTable | None = None,
     ) -> None:
         self.upstreams = upstreams
         self._http = http
         self._writer = writer
-        self._shared = SharedState(http, reasoning, HistoryTracker(), ContinuityTable(), set())
+        continuity = continuity if continuity is not None else ContinuityTable()
+        self._shared = SharedState(http, reasoning, HistoryTracker(), continuity, set())
         self._keepers: dict[str, CacheKeeper] = {}
 
     def record_rejected(self, ctx: CallContext, model: str, exc: GatewayError) -> None:

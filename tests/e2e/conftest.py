@@ -17,8 +17,8 @@ import yaml
 from boundedcode_gateway.app import GatewayApp, create_app
 from boundedcode_gateway.config import parse_config
 from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
-from boundedcode_gateway.llama_server.cache_keeper import REPAIR_PURPOSE
 from boundedcode_gateway.metering.calllog import read_calls
+from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fakes.openai_api import FakeOpenAI
 from tests.fakes.server import RunningServer, serve_in_thread, stop_all

@@ -266,3 +266,30 @@ def test_threads_do_not_share_a_conversation(
     for task in ("x", "y"):
         causes = [c["miss_cause"] for c in gw.calls() if c["task"] == task]
         assert causes[0] == "first_call" and len(causes) == 2
+
+
+def test_a_restarted_gateway_goes_on_with_each_conversation(
+    upstreams: Upstreams, start_gateway: GatewayFactory, tmp_path: Any
+) -> None:
+    # the previous calls are read back from the call log: after a restart the next call
+    # is compared with the last one before it, the repair's rendering included
+    data_dir = tmp_path / "kept"
+    local = {**upstreams.profiles["local"], "server": {"cache_repair": True}}
+    first = start_gateway({"local": local}, data_dir=data_dir)
+    replies = [Reply(content=SPLIT_ANSWER, reasoning_content=REASONING) for _ in range(3)]
+    history: list[Any] = []
+    gw = first
+    for i, reply in enumerate(replies):
+        if i == 2:
+            first.calls()  # written out, as a gateway that stops writes out what it metered
+            first.server.stop()
+            gw = start_gateway({"local": local}, data_dir=data_dir)
+        upstreams.llama.queue(reply)
+        history.append({"role": "user", "content": f"question {i}"})
+        answer = gw.client(task="t").chat.completions.create(model="local", messages=history)
+        history.append({"role": "assistant", "content": answer.choices[0].message.content})
+        gw.settle()
+    turns = of(gw.calls(repairs=True), "agent_turn")
+    assert [c["miss_cause"] for c in turns] == ["first_call", "none", "none"]
+    repairs = of(gw.calls(repairs=True), "cache_repair")
+    assert turns[2]["reusable_tokens"] == repairs[1]["prompt_tokens"]

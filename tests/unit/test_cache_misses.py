@@ -15,6 +15,7 @@ from boundedcode_gateway.llama_server.cache_keeper import (
 from boundedcode_gateway.policy.cache_misses import (
     MISS_TOLERANCE_TOKENS,
     AnswerEvidence,
+    ContinuityTable,
     PreviousCall,
     TextVerdict,
     classify,
@@ -145,3 +146,41 @@ def test_token_ends_name_each_token_start(pieces: list[str], start: int) -> None
     ends = token_ends_after(pieces, start)
     assert list(ends) == sorted(ends) and all(e > 0 for e in ends)
     assert not ends or ends[-1] == len(text) - start
+
+
+def _logged(purpose: str, prompt: int, completion: int = 0, **extra: object) -> dict[str, object]:
+    return {
+        "task": "t",
+        "purpose": purpose,
+        "model_profile": "local",
+        "status": "ok",
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "messages": 3,
+        "miss_cause": "none",
+        **extra,
+    }
+
+
+def test_the_table_read_back_from_a_call_log() -> None:
+    table = ContinuityTable.from_call_log(
+        [
+            _logged("agent_turn", 100, 20, messages=1),
+            _logged("cache_repair", 126),
+            _logged("agent_turn", 150, 30),  # the last of its conversation counts
+            _logged("planner", 40, 5, miss_cause=None),  # a server without a cache report
+            _logged("agent_turn", 999, 1, status="error"),
+            _logged("verification", 60, True),  # completion_tokens is not a count
+            {"task": "t", "purpose": 7, "model_profile": "local"},
+        ]
+    )
+    agent = table.previous(("t", "agent_turn", "local"))
+    assert agent is not None
+    assert (agent.prompt_tokens, agent.completion_tokens, agent.answer_index) == (150, 30, 3)
+    assert agent.repaired_tokens is None  # the repair followed the earlier answer
+    assert table.previous(("t", "planner", "local")) is None
+    assert table.previous(("t", "verification", "local")) is None
+    repaired = ContinuityTable.from_call_log(
+        [_logged("agent_turn", 100, 20), _logged("cache_repair", 126)]
+    ).previous(("t", "agent_turn", "local"))
+    assert repaired is not None and repaired.reusable_tokens == 126

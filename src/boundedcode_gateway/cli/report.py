@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from boundedcode_gateway.metering.calllog import read_calls
+from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 from boundedcode_gateway.report.build import build_report
 from boundedcode_gateway.report.render import (
     render_csv_calls,
@@ -17,7 +18,7 @@ from boundedcode_gateway.report.render import (
     render_json,
     render_markdown,
 )
-from boundedcode_gateway.report.rows import REPAIR_PURPOSE, number_turns, parse_since, select_rows
+from boundedcode_gateway.report.rows import number_turns, parse_since, select_rows
 
 FORMATS = ("md", "json", "csv")
 TABLES = ("calls", "totals")

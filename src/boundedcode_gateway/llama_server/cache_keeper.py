@@ -30,6 +30,7 @@ from boundedcode_gateway.metering.meter import CallContext, Meter
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy.cache_misses import (
     MISS_TOLERANCE_TOKENS,
+    REPAIR_PURPOSE,
     AnswerEvidence,
     MissReport,
     PreviousCall,
@@ -40,7 +41,6 @@ from boundedcode_gateway.upstream.http import HttpClient, read_body
 
 log = logging.getLogger(__name__)
 
-REPAIR_PURPOSE = "cache_repair"
 # A message the next request will not hold: the rendering is cut where it begins.
 _SENTINEL = "\u2063boundedcode-next-message\u2063"
 

@@ -11,13 +11,18 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+from boundedcode_gateway.json_values import is_int
 
 # Tokens a prompt may miss and still count as served from cache: llama.cpp always
 # evaluates the last prompt token again, and the end of the previous answer (its
 # end-of-turn token, which the server does not keep) is rendered anew by the template.
 MISS_TOLERANCE_TOKENS = 8
+# the purpose the gateway's own cache repairs are metered under
+REPAIR_PURPOSE = "cache_repair"
 
 MissCause = Literal[
     "first_call",
@@ -160,6 +165,39 @@ class ContinuityTable:
 
     max_keys: int = 4096
     _last: OrderedDict[tuple[str, str, str], PreviousCall] = field(default_factory=OrderedDict)
+
+    @classmethod
+    def from_call_log(cls, records: Iterable[Mapping[str, Any]]) -> ContinuityTable:
+        """The table as the calls of a call log (oldest first) left it, so that a restarted
+        gateway goes on comparing each conversation with its previous call.
+
+        Only calls whose miss was worked out (a server that reports its cache) count; a
+        cache repair counts for the last such call of its task and profile, as it ran
+        right after that answer. The slot's evidence is not logged, so a miss inside the
+        answer before the restart is named ``server``.
+        """
+        table = cls()
+        last_of: dict[tuple[str, str], tuple[str, str, str]] = {}
+        for r in records:
+            task, purpose, profile = r.get("task"), r.get("purpose"), r.get("model_profile")
+            if not all(isinstance(v, str) for v in (task, purpose, profile)):
+                continue
+            assert isinstance(task, str) and isinstance(purpose, str) and isinstance(profile, str)
+            prompt, completion = r.get("prompt_tokens"), r.get("completion_tokens")
+            if r.get("status") != "ok" or not is_int(prompt):
+                continue
+            if purpose == REPAIR_PURPOSE:
+                key = last_of.get((task, profile))
+                known = table.previous(key) if key else None
+                if known is not None:
+                    known.repaired_tokens = prompt
+                continue
+            if r.get("miss_cause") is None or not is_int(completion):
+                continue
+            key = (task, purpose, profile)
+            table.remember(key, PreviousCall(prompt, completion, int(r.get("messages") or 0)))
+            last_of[(task, profile)] = key
+        return table
 
     def previous(self, key: tuple[str, str, str]) -> PreviousCall | None:
         return self._last.get(key)

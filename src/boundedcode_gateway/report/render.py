@@ -16,8 +16,9 @@ from typing import Any
 
 import orjson
 
+from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 from boundedcode_gateway.report.build import TaskReport
-from boundedcode_gateway.report.rows import REPAIR_PURPOSE, CallRow
+from boundedcode_gateway.report.rows import CallRow
 from boundedcode_gateway.report.totals import TaskTotals
 
 # (CallRow field, Markdown header); CSV and JSON use the field names

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
+
 # the gateway's own follow-up work after a llama.cpp answer (llama_server/cache_keeper.py);
 # shown apart from the caller's turns
-REPAIR_PURPOSE = "cache_repair"
 
 
 @dataclass(frozen=True, slots=True)
