@@ -47,37 +47,34 @@ def write_plots(workload: str, samples: Sequence[dict[str, Any]], out_dir: Path)
                     fontsize=7,
                     rotation=30,
                 )
-    ax.set_xlabel("step")
-    ax.set_ylabel("prompt tokens evaluated while the caller waited")
-    ax.set_title(f"{workload}: evaluated per call")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    written.append(_save(fig, out_dir / f"{workload}-evaluated.png"))
+    ylabel = "prompt tokens evaluated while the caller waited"
+    title = f"{workload}: evaluated per call"
+    written.append(_save(fig, ax, ylabel, title, out_dir / f"{workload}-evaluated.png"))
 
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for mode, rows in modes.items():
         per_call = [r["evaluated_tokens"] + r["repair_evaluated"] for r in rows]
         ax.plot([r["step"] for r in rows], list(accumulate(per_call)), label=mode)
-    ax.set_xlabel("step")
-    ax.set_ylabel("cumulative prompt tokens evaluated (repair included)")
-    ax.set_title(f"{workload}: cumulative evaluated")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    written.append(_save(fig, out_dir / f"{workload}-cumulative.png"))
+    ylabel = "cumulative prompt tokens evaluated (repair included)"
+    title = f"{workload}: cumulative evaluated"
+    written.append(_save(fig, ax, ylabel, title, out_dir / f"{workload}-cumulative.png"))
 
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for mode, rows in modes.items():
         ax.plot([r["step"] for r in rows], [r["wait_ms"] for r in rows], marker=".", label=mode)
-    ax.set_xlabel("step")
-    ax.set_ylabel("time the call took, ms")
-    ax.set_title(f"{workload}: wait per call")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    written.append(_save(fig, out_dir / f"{workload}-wait.png"))
+    title = f"{workload}: wait per call"
+    ylabel = "time the call took, ms"
+    written.append(_save(fig, ax, ylabel, title, out_dir / f"{workload}-wait.png"))
     return written
 
 
-def _save(fig: Any, path: Path) -> Path:
+def _save(fig: Any, ax: Any, ylabel: str, title: str, path: Path) -> Path:
+    """Label the chart, write it to ``path`` and free it."""
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     import matplotlib.pyplot as plt
