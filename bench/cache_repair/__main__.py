@@ -13,7 +13,7 @@ next turn is sent, streamed, the moment the server shows the repair evaluating
 (its slot busy), so the call abandons it; the time to its first token is set
 beside the same turns' with the repair off, where the call is sent at once.
 
-    make bench-cache-repair            # 10 conversations of 8 turns
+    make bench-cache-repair            # 10 conversations of 8 turns (3 for the arrivals)
     .venv/bin/python -m bench.cache_repair --conversations 3
 
 Between two turns the caller waits until the gateway's follow-up of the answer is
@@ -67,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.cache_repair", description=__doc__)
     p.add_argument("--conversations", type=int, default=10, help="at most 10")
     p.add_argument("--turns", type=int, default=8, help="at most 8")
+    p.add_argument(
+        "--arrival-conversations",
+        type=int,
+        default=3,
+        help="conversations of the arrival measurement (at most --conversations)",
+    )
     return p
 
 
@@ -279,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     conversations = min(args.conversations, len(TOPICS))
     turns = min(args.turns, len(FOLLOW_UPS))
+    arriving = min(args.arrival_conversations, conversations)
     with tempfile.TemporaryDirectory(prefix="bench-cache-repair-") as tmp:
         results = {}
         for repair in (False, True):
@@ -288,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         timed = {}
         for repair in (False, True):
             with real_server.llama_server(Path(tmp)) as server:
-                timed[repair] = measure_arrivals(server, Path(tmp), repair, conversations, turns)
+                timed[repair] = measure_arrivals(server, Path(tmp), repair, arriving, turns)
         with real_server.llama_server(Path(tmp)) as server:
             exact = [
                 token_exact.converse(
