@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from boundedcode_gateway.attempts import Attempts
+from boundedcode_gateway.attempts import AttemptLog, Attempts
 from boundedcode_gateway.errors import GatewayError, UpstreamUnavailable
-from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.policy.retry import BACKOFF_BASE_S
 from boundedcode_gateway.providers.base import PreparedRequest, Upstream
 from boundedcode_gateway.upstream.http import HttpClient, Timeouts, read_body
@@ -50,45 +49,39 @@ async def server() -> AsyncIterator[ScriptedServer]:
     await scripted.stop()
 
 
-def _record() -> CallRecord:
-    return CallRecord(
-        call_id="call_1", started_at="now", task="t", purpose="p", model_profile="gpt"
-    )
-
-
 def _attempts(
-    url: str, upstream: Upstream, http: HttpClient, waits: Waits, record: CallRecord
+    url: str, upstream: Upstream, http: HttpClient, waits: Waits, log: AttemptLog
 ) -> Attempts:
-    prepared = PreparedRequest(url + "/v1/chat/completions", {}, b"{}", stream=False)
-    return Attempts(http, upstream, prepared, record, waits)
+    prepared = PreparedRequest(url + "/v1/chat/completions", {}, b"{}")
+    return Attempts(http, upstream, prepared, log, waits)
 
 
 async def test_a_first_answer_is_returned_and_counted(
     server: ScriptedServer, http: HttpClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server.queue(json_answer(200, OK))
-    record, waits = _record(), Waits()
+    log, waits = AttemptLog(), Waits()
     attempts = _attempts(
-        server.url, openai_upstream(server.url, http, monkeypatch), http, waits, record
+        server.url, openai_upstream(server.url, http, monkeypatch), http, waits, log
     )
     resp = await attempts.open()
     assert resp.status == 200 and b"fine" in await read_body(resp)
     # the answer's own outcome is logged by whoever reads it
-    assert record.attempts == 1 and record.attempt_log == [] and waits.asked == []
+    assert log.count == 1 and log.entries == [] and waits.asked == []
 
 
 async def test_a_resent_status_waits_as_long_as_the_upstream_asks(
     server: ScriptedServer, http: HttpClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server.queue(json_answer(503, _error("busy"), {"Retry-After": "3"}), json_answer(200, OK))
-    record, waits = _record(), Waits()
+    log, waits = AttemptLog(), Waits()
     attempts = _attempts(
-        server.url, openai_upstream(server.url, http, monkeypatch), http, waits, record
+        server.url, openai_upstream(server.url, http, monkeypatch), http, waits, log
     )
     assert (await attempts.open()).status == 200
     assert waits.asked == [3.0]
-    assert record.attempts == 2
-    assert record.attempt_log == [{"status": 503, "code": "upstream_unavailable"}]
+    assert log.count == 2
+    assert log.entries == [{"status": 503, "code": "upstream_unavailable"}]
     assert len(server.seen) == 2
 
 
@@ -98,15 +91,15 @@ async def test_without_a_wish_the_wait_is_the_jittered_backoff(
     server.queue(
         json_answer(500, _error("oops")), json_answer(500, _error("oops")), json_answer(200, OK)
     )
-    record, waits = _record(), Waits()
+    log, waits = AttemptLog(), Waits()
     attempts = _attempts(
-        server.url, openai_upstream(server.url, http, monkeypatch), http, waits, record
+        server.url, openai_upstream(server.url, http, monkeypatch), http, waits, log
     )
     assert (await attempts.open()).status == 200
     first, second = waits.asked
     assert 0.75 * BACKOFF_BASE_S <= first <= BACKOFF_BASE_S
     assert 1.5 * BACKOFF_BASE_S <= second <= 2 * BACKOFF_BASE_S
-    assert [a["status"] for a in record.attempt_log] == [500, 500]
+    assert [a["status"] for a in log.entries] == [500, 500]
 
 
 @pytest.mark.parametrize(
@@ -125,28 +118,28 @@ async def test_a_status_never_resent_is_raised_at_once(
     body: dict[str, Any],
 ) -> None:
     server.queue(json_answer(status, body), json_answer(200, OK))
-    record, waits = _record(), Waits()
+    log, waits = AttemptLog(), Waits()
     attempts = _attempts(
-        server.url, openai_upstream(server.url, http, monkeypatch), http, waits, record
+        server.url, openai_upstream(server.url, http, monkeypatch), http, waits, log
     )
     with pytest.raises(GatewayError) as info:
         await attempts.open()
     assert info.value.http_status == status
-    assert record.attempts == 1 and waits.asked == [] and len(server.seen) == 1
+    assert log.count == 1 and waits.asked == [] and len(server.seen) == 1
 
 
 async def test_a_wait_past_the_budget_is_not_taken_and_the_caller_gets_the_wish(
     server: ScriptedServer, http: HttpClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server.queue(json_answer(429, _error("slow down"), {"Retry-After": "120"}))
-    record, waits = _record(), Waits()
+    log, waits = AttemptLog(), Waits()
     attempts = _attempts(
-        server.url, openai_upstream(server.url, http, monkeypatch), http, waits, record
+        server.url, openai_upstream(server.url, http, monkeypatch), http, waits, log
     )
     with pytest.raises(GatewayError) as info:
         await attempts.open()
     assert info.value.http_status == 429 and info.value.headers == {"retry-after": "120"}
-    assert waits.asked == [] and record.attempts == 1
+    assert waits.asked == [] and log.count == 1
 
 
 async def test_the_profiles_budget_caps_the_sends(
@@ -155,11 +148,11 @@ async def test_the_profiles_budget_caps_the_sends(
     busy = json_answer(503, _error("busy"), {"Retry-After": "0"})
     server.queue(busy, busy, json_answer(200, OK))
     upstream = openai_upstream(server.url, http, monkeypatch, retry={"max_attempts": 2})
-    record, waits = _record(), Waits()
+    log, waits = AttemptLog(), Waits()
     with pytest.raises(GatewayError) as info:
-        await _attempts(server.url, upstream, http, waits, record).open()
+        await _attempts(server.url, upstream, http, waits, log).open()
     assert info.value.http_status == 503
-    assert record.attempts == 2 and waits.asked == [0.0] and len(server.seen) == 2
+    assert log.count == 2 and waits.asked == [0.0] and len(server.seen) == 2
 
 
 async def test_a_refused_connection_is_resent_until_the_budget_ends(
@@ -168,26 +161,26 @@ async def test_a_refused_connection_is_resent_until_the_budget_ends(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
-    record, waits = _record(), Waits()
+    log, waits = AttemptLog(), Waits()
     with pytest.raises(UpstreamUnavailable):
-        await _attempts(url, openai_upstream(url, http, monkeypatch), http, waits, record).open()
+        await _attempts(url, openai_upstream(url, http, monkeypatch), http, waits, log).open()
     # the default budget: four sends, three backoffs between them
-    assert record.attempts == 4 and len(waits.asked) == 3
-    assert record.attempt_log == [{"status": 503, "code": "upstream_unavailable"}] * 4
+    assert log.count == 4 and len(waits.asked) == 3
+    assert log.entries == [{"status": 503, "code": "upstream_unavailable"}] * 4
 
 
-async def test_another_request_of_the_call_shares_its_record_and_clock(
+async def test_another_request_of_the_call_shares_its_log_and_clock(
     server: ScriptedServer, http: HttpClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server.queue(json_answer(200, OK), json_answer(429, _error("slow down"), {"Retry-After": "5"}))
-    record, waits = _record(), Waits()
+    log, waits = AttemptLog(), Waits()
     upstream = openai_upstream(server.url, http, monkeypatch)
-    first = _attempts(server.url, upstream, http, waits, record)
+    first = _attempts(server.url, upstream, http, waits, log)
     await read_body(await first.open())
     # the call began 58 s ago: a 5 s wait would end past the 60 s budget
     first._started -= 58
-    other = PreparedRequest(server.url + "/v1/chat/completions", {}, b'{"other": 1}', stream=False)
+    other = PreparedRequest(server.url + "/v1/chat/completions", {}, b'{"other": 1}')
     with pytest.raises(GatewayError):
         await first.for_request(other).open()
-    assert record.attempts == 2 and waits.asked == []
+    assert log.count == 2 and waits.asked == []
     assert server.seen[1].body == b'{"other": 1}'

@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 import orjson
 import pytest
 
-from boundedcode_gateway.attempts import Attempts
+from boundedcode_gateway.attempts import AttemptLog, Attempts
 from boundedcode_gateway.errors import GatewayError, StreamBroken
 from boundedcode_gateway.metering.meter import CLIENT_CLOSED, CallContext, Meter
-from boundedcode_gateway.providers.base import CallMetrics, PreparedRequest, RequestOptions
+from boundedcode_gateway.providers.base import PreparedRequest, RequestOptions
 from boundedcode_gateway.relay import StreamRelay
 from boundedcode_gateway.upstream.http import HttpClient, Timeouts
+from boundedcode_gateway.upstream.metrics import CallMetrics
 from tests.unit.scripted_http import (
     DONE,
     FINISH,
@@ -37,12 +38,22 @@ WHOLE = [ROLE, *text_chunks(*ANSWER), FINISH, DONE]
 
 @dataclass
 class Harness:
-    """A relay's surroundings: the server it reads, what it recorded, what succeeded."""
+    """A relay's surroundings: the server it reads, how its call ended (as the call's meter
+    records it), what its sends came to, what succeeded."""
 
     server: ScriptedServer
     http: HttpClient
     writer: RecordingWriter = field(default_factory=RecordingWriter)
     successes: list[CallMetrics] = field(default_factory=list)
+    # each relay's attempt log, in the order the relays were made
+    logs: list[AttemptLog] = field(default_factory=list)
+    # each end the relays reported: (error, caller gone)
+    ends: list[tuple[GatewayError | None, bool]] = field(default_factory=list)
+
+    @property
+    def log(self) -> AttemptLog:
+        """The latest relay's attempt log."""
+        return self.logs[-1]
 
     def relay(self, monkeypatch: pytest.MonkeyPatch, aware: bool = False) -> StreamRelay:
         upstream = openai_upstream(self.server.url, self.http, monkeypatch)
@@ -51,15 +62,31 @@ class Harness:
             options = RequestOptions(
                 stream=True, include_usage=False, return_progress=False, understands_discard=True
             )
-        meter = Meter(self.writer, CallContext.new("t", "agent_turn"), "gpt")
-        prepared = PreparedRequest(self.server.url + "/v1/chat/completions", {}, b"{}", stream=True)
-        attempts = Attempts(self.http, upstream, prepared, meter.record, _no_wait)
+        ctx = CallContext.new("t", "agent_turn")
+        meter = Meter(self.writer, ctx, "gpt")
+        log = AttemptLog()
+        self.logs.append(log)
+        prepared = PreparedRequest(self.server.url + "/v1/chat/completions", {}, b"{}")
+        attempts = Attempts(self.http, upstream, prepared, log, _no_wait)
+
+        def on_end(error: GatewayError | None, cancelled: bool) -> None:
+            # the call's outcome goes to its meter as the call flow's end sends it
+            self.ends.append((error, cancelled))
+            if cancelled:
+                meter.cancelled()
+            elif error is None:
+                meter.ok()
+            else:
+                meter.error(error)
+
         return StreamRelay(
-            meter,
+            ctx,
+            "gpt",
             attempts,
             lambda: upstream.stream_translator(options),
             options,
             self.successes.append,
+            on_end,
         )
 
 
@@ -123,8 +150,8 @@ async def test_the_first_bytes_end_with_the_first_content_whatever_the_tcp_split
     rest = await _rest(relay)
     assert _text(rest) == "lo there" and rest.endswith(b"data: [DONE]\n\n")
     [record] = harness.writer.records
-    assert record.status == "ok" and record.attempts == 1
-    assert record.attempt_log == [{"status": 200, "code": None}]
+    assert record.status == "ok" and harness.log.count == 1
+    assert harness.log.entries == [{"status": 200, "code": None}]
     assert len(harness.successes) == 1 and harness.successes[0].finish_reason == "stop"
 
 
@@ -164,8 +191,9 @@ async def test_an_error_before_content_is_raised_with_its_status(
         await relay.open()
     assert info.value.http_status == 400 and info.value.message == "bad sampling"
     relay.release()
-    # the pipeline records a raised error itself; the relay wrote nothing
-    assert harness.writer.records == [] and len(harness.server.seen) == 1
+    # the pipeline records a raised error itself; the relay ended nothing
+    assert harness.ends == [] and harness.writer.records == []
+    assert len(harness.server.seen) == 1
 
 
 async def test_a_break_before_content_is_sent_again_and_its_role_chunk_dropped(
@@ -181,8 +209,9 @@ async def test_a_break_before_content_is_sent_again_and_its_role_chunk_dropped(
     ]
     assert len(roles) == 1 and _text(raw) == "Hello there"
     [record] = harness.writer.records
-    assert record.retried is True and record.attempts == 2
-    assert record.attempt_log == [
+    assert record.status == "ok"
+    assert harness.log.retried is True and harness.log.count == 2
+    assert harness.log.entries == [
         {"status": 502, "code": "upstream_stream_broken"},
         {"status": 200, "code": None},
     ]
@@ -212,12 +241,12 @@ async def test_a_break_after_content_is_answered_as_the_caller_declared(
         assert len(discards) == 1 and payloads[-1] == "[DONE]"
         at = payloads.index(discards[0])
         assert _text(payloads[:at]) == "Hel" and _text(payloads[at + 1 :]) == "Hello there"
-        assert record.status == "ok" and record.attempts == 2
+        assert record.status == "ok" and harness.log.count == 2
     else:
         assert discards == [] and "[DONE]" not in payloads
         last = payloads[-1]
         assert isinstance(last, dict) and last["error"]["code"] == "upstream_stream_broken"
-        assert record.status == "error" and record.attempts == 1
+        assert record.status == "error" and harness.log.count == 1
         assert len(harness.server.seen) == 1
 
 
@@ -230,6 +259,7 @@ async def test_a_caller_that_leaves_is_recorded_once_and_the_upstream_let_go(
     assert _text(await relay.open()) == "Hel"
     relay.close(cancelled=True)
     relay.close()
+    assert harness.ends == [(None, True)]  # the relay ends its call once
     [record] = harness.writer.records
     assert (record.status, record.http_status, record.error_code) == (
         "error",

@@ -16,6 +16,7 @@ from boundedcode_gateway.errors import GatewayError, InternalError, ModelNotFoun
 from boundedcode_gateway.metering.meter import CLIENT_CLOSED, CallContext
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.policy import structured
+from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.service import GatewayService, JsonAnswer, StreamAnswer
 from boundedcode_gateway.upstream.http import HttpClient, Timeouts
@@ -70,7 +71,9 @@ async def pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIter
     http = HttpClient(Timeouts(connect_s=5.0, read_s=5.0))
     writer = RecordingWriter()
     upstream = openai_upstream(server.url, http, monkeypatch)
-    service = GatewayService({"gpt": upstream}, http, writer, ReasoningStore(tmp_path))
+    service = GatewayService(
+        {"gpt": upstream}, http, writer, ReasoningStore(tmp_path, REASONING_FILES)
+    )
     yield Pipeline(service, server, writer)
     await service.close()
     await http.close()
