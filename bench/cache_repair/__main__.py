@@ -68,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--conversations", type=int, default=10, help="at most 10")
     p.add_argument("--turns", type=int, default=8, help="at most 8")
     p.add_argument(
+        "--parts",
+        default="repair,arrivals,exact",
+        help="comma-separated: repair (with and without), arrivals, exact (token ids)",
+    )
+    p.add_argument(
         "--arrival-conversations",
         type=int,
         default=3,
@@ -169,17 +174,21 @@ def arrivals(
 
 
 def measure_arrivals(
-    server: str, root: Path, repair: bool, conversations: int, turns: int
-) -> tuple[list[list[tuple[float, bool]]], list[dict[str, Any]]]:
-    data_dir = root / ("arrivals-repair" if repair else "arrivals-no-repair")
-    data_dir.mkdir()
-    with gateway(data_dir, server, repair) as url:
-        rows = [
-            arrivals(server, url, f"a{n + 1}", TOPICS[n], 100 + n, turns, repair)
-            for n in range(conversations)
-        ]
-        time.sleep(0.5)
-    return rows, _calls(data_dir)
+    root: Path, conversations: int, turns: int
+) -> dict[bool, tuple[list[list[tuple[float, bool]]], list[dict[str, Any]]]]:
+    """Each conversation with the repair off, then on, each on a fresh server: a change in
+    the machine's load falls on both alike."""
+    rows: dict[bool, list[list[tuple[float, bool]]]] = {False: [], True: []}
+    for n in range(conversations):
+        for repair in (False, True):
+            data_dir = root / f"arrivals-{'repair' if repair else 'no-repair'}-{n + 1}"
+            data_dir.mkdir()
+            with real_server.llama_server(root) as server, gateway(data_dir, server, repair) as url:
+                task = f"a{n + 1}"
+                rows[repair].append(arrivals(server, url, task, TOPICS[n], 100 + n, turns, repair))
+                time.sleep(0.5)
+    calls = [c for d in sorted(root.glob("arrivals-repair-*")) for c in _calls(d)]
+    return {False: (rows[False], []), True: (rows[True], calls)}
 
 
 def arrivals_table(
@@ -286,34 +295,37 @@ def main(argv: list[str] | None = None) -> int:
     conversations = min(args.conversations, len(TOPICS))
     turns = min(args.turns, len(FOLLOW_UPS))
     arriving = min(args.arrival_conversations, conversations)
+    parts = set(args.parts.split(","))
     with tempfile.TemporaryDirectory(prefix="bench-cache-repair-") as tmp:
         results = {}
-        for repair in (False, True):
-            # a fresh server each time: no cache (slot or RAM) carries over
+        if "repair" in parts:
+            for repair in (False, True):
+                # a fresh server each time: no cache (slot or RAM) carries over
+                with real_server.llama_server(Path(tmp)) as server:
+                    results[repair] = measure(server, Path(tmp), repair, conversations, turns)
+            print(
+                "## Without the repair: prompt tokens each turn evaluated while the caller waited\n"
+            )
+            print(table(results[False], conversations, turns, repair=False))
+            print("\n## With the repair: waited / evaluated by the repair before that turn\n")
+            print(table(results[True], conversations, turns, repair=True), flush=True)
+        if "arrivals" in parts:
+            timed = measure_arrivals(Path(tmp), arriving, turns)
+            print("\n## A call arriving while the repair runs: time to first token\n")
+            print(arrivals_table(timed[False][0], timed[True][0], timed[True][1]), flush=True)
+        if "exact" in parts:
             with real_server.llama_server(Path(tmp)) as server:
-                results[repair] = measure(server, Path(tmp), repair, conversations, turns)
-        timed = {}
-        for repair in (False, True):
-            with real_server.llama_server(Path(tmp)) as server:
-                timed[repair] = measure_arrivals(server, Path(tmp), repair, arriving, turns)
-        with real_server.llama_server(Path(tmp)) as server:
-            exact = [
-                token_exact.converse(
-                    server,
-                    [q.format(t=TOPICS[n]) for q in FOLLOW_UPS[:turns]],
-                    100 + n,
-                    BUDGET,
-                )
-                for n in range(conversations)
-            ]
-    print("## Without the repair: prompt tokens each turn evaluated while the caller waited\n")
-    print(table(results[False], conversations, turns, repair=False))
-    print("\n## With the repair: waited / evaluated by the repair before that turn\n")
-    print(table(results[True], conversations, turns, repair=True))
-    print("\n## A call arriving while the repair runs: time to first token\n")
-    print(arrivals_table(timed[False][0], timed[True][0], timed[True][1]))
-    print("\n## Experiment: every prompt as token ids, sampled ids kept (no gateway)\n")
-    print(exact_table(exact, turns))
+                exact = [
+                    token_exact.converse(
+                        server,
+                        [q.format(t=TOPICS[n]) for q in FOLLOW_UPS[:turns]],
+                        100 + n,
+                        BUDGET,
+                    )
+                    for n in range(conversations)
+                ]
+            print("\n## Experiment: every prompt as token ids, sampled ids kept (no gateway)\n")
+            print(exact_table(exact, turns))
     return 0
 
 
