@@ -95,9 +95,20 @@ def test_text_evidence() -> None:
     dropped = prompt + "</think>answer<end>"
     evidence = text_evidence(prompt, generated, dropped, True, False)
     assert (evidence.verdict, evidence.diverged_at) == ("reasoning_dropped", 0)
+    # a template that renders a turn without reasoning without its think block: the
+    # rendering departs where the generation prompt opened it, just before the answer
+    no_block = "<u>q</u><a>answer<end>"
+    evidence = text_evidence(prompt, generated, no_block, True, False, "answer")
+    assert (evidence.verdict, evidence.diverged_at) == ("reasoning_dropped", 0)
+    # the same with the reasoning taken back is the template's doing
+    assert text_evidence(prompt, generated, no_block, True, True, "answer").verdict == (
+        "template_render"
+    )
     # an earlier turn renders differently now: the template's doing, whatever was dropped
     earlier = "<u>Q</u>" + generated
-    assert text_evidence(prompt, generated, earlier, True, False).verdict == "template_render"
+    assert text_evidence(prompt, generated, earlier, True, False, "answer").verdict == (
+        "template_render"
+    )
 
 
 def test_repair_report() -> None:

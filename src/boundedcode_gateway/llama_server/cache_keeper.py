@@ -107,16 +107,30 @@ def pick_slot(slots: Any, prompt: str) -> dict[str, Any] | None:
 
 
 def text_evidence(
-    prompt: str, generated: str, rendered: str, answer_had_reasoning: bool, reasoning_back: bool
+    prompt: str,
+    generated: str,
+    rendered: str,
+    answer_had_reasoning: bool,
+    reasoning_back: bool,
+    content: str = "",
 ) -> AnswerEvidence:
-    """Whether the next request renders the answer as it was generated, and where not."""
+    """Whether the next request renders the answer as it was generated, and where not.
+
+    ``content`` is the answer's text as it goes back (its reasoning aside)."""
     shared = common_prefix_length(prompt + generated, rendered)
     if shared >= len(prompt) + len(generated):
         return AnswerEvidence("match")
-    if shared < len(prompt):
-        # the earlier part renders differently now (a template that drops earlier reasoning)
-        return AnswerEvidence("template_render", diverged_at=0)
     dropped = answer_had_reasoning and not reasoning_back
+    if shared < len(prompt):
+        # A generation prompt that opens the reasoning block (``<think>\n``) belongs to the
+        # answer's reasoning: a turn sent back without it may render without that opening,
+        # the answer's text straight where the block was. Anything else is an earlier part
+        # rendered differently (a template that drops earlier reasoning).
+        answer = content.strip()
+        skipped = bool(answer) and rendered[shared:].lstrip().startswith(answer)
+        if dropped and skipped:
+            return AnswerEvidence("reasoning_dropped", diverged_at=0)
+        return AnswerEvidence("template_render", diverged_at=0)
     return AnswerEvidence(
         "reasoning_dropped" if dropped else "template_render", diverged_at=shared - len(prompt)
     )
@@ -223,8 +237,14 @@ class CacheKeeper:
         if not isinstance(generated, str):
             previous.evidence = AnswerEvidence("unknown")
             return rendered, idle
+        content = call.answer.get("content")
         evidence = text_evidence(
-            prompt, generated, rendered, call.answer_had_reasoning, call.reasoning_back
+            prompt,
+            generated,
+            rendered,
+            call.answer_had_reasoning,
+            call.reasoning_back,
+            content if isinstance(content, str) else "",
         )
         if evidence.verdict == "match":
             pieces = await self._pieces(rendered)
