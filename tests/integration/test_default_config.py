@@ -192,9 +192,10 @@ def test_a_streamed_tool_call_comes_back_as_tool_call_deltas(
 # How a README example is run here: against this test's gateway, not port 8780 (another
 # gateway may be serving there), with the commands of this checkout's environment, and
 # the interactive chat at the same address (its stdin is closed, so it checks the model
-# and ends). `make run` and `make test` are the commands that build all this, and the
-# fast suite's own command runs this suite: not run.
-NOT_RUN = ("make ", ".venv/bin/pytest ")
+# and ends). `make run` and `make test` are the commands that build all this, the
+# fast suite's own command runs this suite, and an install (of an extra the test
+# environment has) changes the environment under test: not run.
+NOT_RUN = ("make ", ".venv/bin/pytest ", ".venv/bin/pip ")
 
 
 def _as_run_here(command: str, gw: DefaultGateway) -> str:
