@@ -56,6 +56,13 @@ def of(calls: list[dict[str, Any]], purpose: str) -> list[dict[str, Any]]:
     return [c for c in calls if c["purpose"] == purpose]
 
 
+def assert_ledger_agrees(gw: Gateway) -> None:
+    """The ledger names every miss as the call log does."""
+    fields = ("call_id", "miss_cause", "reusable_tokens")
+    logged = sorted(tuple(c[f] for f in fields) for c in gw.calls(repairs=True))
+    assert sorted(tuple(r[f] for f in fields) for r in gw.ledger_rows(repairs=True)) == logged
+
+
 def split_turns() -> list[Reply]:
     return [Reply(content=SPLIT_ANSWER, reasoning_content=REASONING), Reply(content="Fine.")]
 
@@ -69,6 +76,7 @@ def test_a_token_split_is_named_where_it_happened(
     assert one["miss_cause"] == "first_call"
     assert two["miss_cause"] == "token_split"
     assert two["miss_at"] == {"message": 1, "char": SPLIT_AT}
+    assert_ledger_agrees(gw)
     # the rest of the answer was evaluated again
     new_tokens = two["prompt_tokens"] - two["reusable_tokens"]
     assert two["evaluated_tokens"] > new_tokens + 8
@@ -119,6 +127,7 @@ def test_dropped_reasoning_is_named(upstreams: Upstreams, start_gateway: Gateway
     # the reasoning block's opening stays; its text is where the rendering departs
     at = {"message": 1, "char": len("<think>\n")}
     assert (two["miss_cause"], two["miss_at"]) == ("reasoning_dropped", at)
+    assert_ledger_agrees(gw)
 
 
 def test_a_template_that_renders_the_turn_anew_is_named(
@@ -129,6 +138,7 @@ def test_a_template_that_renders_the_turn_anew_is_named(
     kwargs = {"preserve_reasoning": False}
     _, two = converse(gw, upstreams, split_turns(), chat_template_kwargs=kwargs)
     assert (two["miss_cause"], two["miss_at"]) == ("template_render", {"message": 1, "char": 0})
+    assert_ledger_agrees(gw)
 
 
 def test_a_server_that_lost_its_cache(upstreams: Upstreams, start_gateway: GatewayFactory) -> None:
@@ -144,6 +154,7 @@ def test_a_server_that_lost_its_cache(upstreams: Upstreams, start_gateway: Gatew
     client.chat.completions.create(model="local", messages=history)
     two = gw.calls()[1]
     assert (two["miss_cause"], two["miss_at"], two["cached_tokens"]) == ("server", None, 0)
+    assert_ledger_agrees(gw)
 
 
 def test_without_the_slots_text_no_cause_is_guessed(
