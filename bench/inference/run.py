@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 
 from bench import real_server
 from bench.inference.caller import Caller
@@ -25,7 +24,6 @@ from bench.inference.modes import Mode
 from bench.inference.workload import Workload
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 
-FOLLOW_UP_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 600.0
 
 
@@ -55,25 +53,6 @@ def _metric(client: httpx.Client, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise RuntimeError(f"llama-server's /metrics has no {name}")
-
-
-def read_call_log(data_dir: Path) -> list[dict[str, Any]]:
-    path = data_dir / "calls.jsonl"
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
-
-
-def _wait_follow_up(data_dir: Path, task: str, answers: int) -> None:
-    """Until the gateway's cache repair after the last answer is recorded, as the time an
-    agent spends on its tools between turns would let it finish."""
-    deadline = time.monotonic() + FOLLOW_UP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        calls = read_call_log(data_dir)
-        if sum(c["task"] == task and c["purpose"] == REPAIR_PURPOSE for c in calls) >= answers:
-            return
-        time.sleep(0.02)
-    raise RuntimeError(f"no cache repair recorded after answer {answers} of {task}")
 
 
 @contextmanager
@@ -163,10 +142,10 @@ def run_mode(workload: Workload, mode: Mode, settings: Settings, run_dir: Path) 
                 }
             )
             if front.data_dir is not None:
-                _wait_follow_up(front.data_dir, task, len(samples))
+                real_server.wait_for_repairs(front.data_dir, task, len(samples))
         fronts.close()
     if mode.metered_by_gateway:
-        _join_call_log(samples, read_call_log(run_dir / "gateway"), task)
+        _join_call_log(samples, real_server.calls(run_dir / "gateway"), task)
     else:
         for sample in samples:
             sample["evaluated_tokens"] = sample["server_evaluated"]
