@@ -73,6 +73,83 @@ class ThinkingSettings(_Strict):
     level: ThinkingLevel | None = None
 
 
+class PriceSettings(_Strict):
+    """``price:`` of a profile, in USD: what a call's tokens (and a local server's time) cost."""
+
+    input_per_mtok: float = Field(ge=0)
+    # cached prompt tokens; unset: charged as input
+    cached_input_per_mtok: float | None = Field(default=None, ge=0)
+    output_per_mtok: float = Field(ge=0)
+    # local servers: what one second of the server's work costs (prefill plus decode)
+    gpu_second: float | None = Field(default=None, ge=0)
+
+
+BudgetPeriod = Literal["day", "lifetime"]
+
+
+class BudgetSettings(_Strict):
+    """A budget: the most that may be spent per UTC day or over the holder's lifetime."""
+
+    max_cost_usd: float | None = Field(default=None, gt=0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_evaluated_tokens: int | None = Field(default=None, ge=1)
+    per: BudgetPeriod = "day"
+
+    @model_validator(mode="after")
+    def _check_some_limit(self) -> BudgetSettings:
+        limits = (self.max_cost_usd, self.max_tokens, self.max_evaluated_tokens)
+        if all(limit is None for limit in limits):
+            raise ValueError(
+                "a budget needs at least one of 'max_cost_usd', 'max_tokens' "
+                "or 'max_evaluated_tokens'"
+            )
+        return self
+
+
+class KeySettings(_Strict):
+    """One caller key under ``auth.keys``: its name, the SHA-256 of the key, what it may do."""
+
+    name: str = Field(min_length=1, max_length=64)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    models: tuple[str, ...] = Field(min_length=1)
+    admin: bool = False
+    budget: BudgetSettings | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _list_to_tuple(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("models"), list):
+            data = {**data, "models": tuple(data["models"])}
+        return data
+
+
+class AuthSettings(_Strict):
+    """``auth:``: the caller keys, and the environment variable holding the token secret."""
+
+    token_secret_env: str | None = None
+    keys: tuple[KeySettings, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _list_to_tuple(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("keys"), list):
+            data = {**data, "keys": tuple(data["keys"])}
+        return data
+
+
+class BudgetsSettings(_Strict):
+    """``budgets:``: limits that apply to each task id on its own."""
+
+    task: BudgetSettings | None = None
+
+
+class LimitsSettings(_Strict):
+    """``limits:``: what a caller's connection may hold and for how long."""
+
+    idle_timeout_s: float = Field(default=30.0, gt=0)
+    header_timeout_s: float = Field(default=10.0, gt=0)
+
+
 class ModelProfile(_Strict):
     """One entry under ``models:``: where a model name is sent and how."""
 
@@ -88,6 +165,7 @@ class ModelProfile(_Strict):
     thinking: ThinkingSettings | None = None
     # the answer's token limit when the caller sets none (Anthropic requires one)
     max_tokens: int | None = Field(default=None, ge=1)
+    price: PriceSettings | None = None
 
     @model_validator(mode="after")
     def _check_provider_keys(self) -> ModelProfile:
@@ -161,6 +239,9 @@ class GatewayConfig(_Strict):
     max_body_mib: float = Field(default=32.0, gt=0)
     metering: bool = True  # false: no call log, no ledger (what metering costs, measured)
     inference: InferenceSettings = InferenceSettings()
+    auth: AuthSettings | None = None
+    budgets: BudgetsSettings = BudgetsSettings()
+    limits: LimitsSettings = LimitsSettings()
     models: dict[str, ModelProfile] = Field(min_length=1)
 
     @model_validator(mode="after")

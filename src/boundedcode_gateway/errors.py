@@ -8,8 +8,11 @@ The tree::
     ├── InvalidRequest            400 invalid_request_error
     │   ├── ContextLengthExceeded 400 context_length_exceeded
     │   └── CapabilityMissing     400 capability_missing
+    ├── Unauthenticated           401 invalid_api_key
+    ├── Forbidden                 403 model_not_allowed, task_mismatch, …
     ├── ModelNotFound             404 model_not_found
     ├── BodyTooLarge              413 request_too_large
+    ├── BudgetExceeded            429 budget_exceeded
     ├── MissingApiKey             500 missing_api_key
     ├── InternalError             500 internal_error
     └── UpstreamFailure           status of the upstream (or 502)
@@ -92,6 +95,22 @@ class CapabilityMissing(InvalidRequest):
     default_code = "capability_missing"
 
 
+class Unauthenticated(GatewayError):
+    """No caller key, or one the gateway does not know (OpenAI's answer to a bad key)."""
+
+    status = 401
+    error_type = "invalid_request_error"
+    default_code = "invalid_api_key"
+
+
+class Forbidden(GatewayError):
+    """A known caller asking for what its credential does not allow."""
+
+    status = 403
+    error_type = "permission_error"
+    default_code = "forbidden"
+
+
 class ModelNotFound(GatewayError):
     status = 404
     error_type = "invalid_request_error"
@@ -102,6 +121,14 @@ class BodyTooLarge(GatewayError):
     status = 413
     error_type = "invalid_request_error"
     default_code = "request_too_large"
+
+
+class BudgetExceeded(GatewayError):
+    """A call that would start with a budget already spent; never resent by the gateway."""
+
+    status = 429
+    error_type = "insufficient_quota"
+    default_code = "budget_exceeded"
 
 
 class MissingApiKey(GatewayError):

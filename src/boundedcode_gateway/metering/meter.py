@@ -6,6 +6,7 @@ import random
 import time
 from dataclasses import dataclass
 
+from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.clock import utc_now_iso
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.metering.records import CallRecord
@@ -26,13 +27,19 @@ class CallContext:
     started_at: str
     # the caller sent X-BoundedCode-Stream-Discard: it understands the discard event
     discard_header: bool = False
+    # who called, when the gateway has ``auth:`` (None otherwise)
+    caller: Caller | None = None
 
     @classmethod
-    def new(cls, task: str, purpose: str, discard_header: bool = False) -> CallContext:
+    def new(
+        cls, task: str, purpose: str, discard_header: bool = False, caller: Caller | None = None
+    ) -> CallContext:
         # 128 random bits as 32 hex digits, the form uuid4().hex had: ids need to be
         # unique, not secret, so no system call per id as uuid4 and os.urandom make
         call_id = f"call_{random.getrandbits(128):032x}"
-        return cls(task, purpose, call_id, time.perf_counter(), utc_now_iso(), discard_header)
+        return cls(
+            task, purpose, call_id, time.perf_counter(), utc_now_iso(), discard_header, caller
+        )
 
     def elapsed_ms(self) -> float:
         return round((time.perf_counter() - self.started) * 1000.0, 3)
@@ -67,6 +74,7 @@ class Meter:
             task=ctx.task,
             purpose=ctx.purpose,
             model_profile=model,
+            caller=ctx.caller.name if ctx.caller is not None else None,
             messages=messages,
         )
         self._done = False

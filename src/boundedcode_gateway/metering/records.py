@@ -47,6 +47,10 @@ class CallRecord:
     miss_cause: str | None = None
     # true when ttft_ms comes from the server's own timings (a non-streamed answer)
     ttft_derived: bool = False
+    # the caller's key name or task token name (auth:); None when the gateway has no auth
+    caller: str | None = None
+    # the profile's price applied to this call's tokens (and time); None without a price
+    cost_usd: float | None = None
     # call log only: each attempt's {"status", "code"}, in order
     attempt_log: list[dict[str, Any]] = field(default_factory=list)
     # call log only: what the adapter changed in the request on its own account
