@@ -8,6 +8,8 @@ import os
 from typing import Any
 
 from boundedcode_gateway import jsonl
+from boundedcode_gateway.budgets.book import BudgetBook, budgets_configured
+from boundedcode_gateway.budgets.store import LedgerSpendStore, SpendStore
 from boundedcode_gateway.config import GatewayConfig
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.ingress.render import Receive, Send, send_error
@@ -47,8 +49,21 @@ class GatewayApp:
         continuity = ContinuityTable.from_call_log(
             jsonl.read_objects(config.calls_path, tail_bytes=CONTINUITY_TAIL_BYTES)
         )
+        # no book where no call can have a budget: nothing to check or count per call
+        self.budgets = BudgetBook(config.budgets.task) if budgets_configured(config) else None
+        # what the budgets spent before this process: the ledger, unless nothing is written
+        self.spend_store: SpendStore | None = (
+            LedgerSpendStore(config.ledger_path) if config.metering else None
+        )
+        prices = {name: p.price for name, p in config.models.items() if p.price is not None}
         self.service = GatewayService(
-            self.upstreams, self.http, self.writer, self.reasoning, continuity
+            self.upstreams,
+            self.http,
+            self.writer,
+            self.reasoning,
+            continuity,
+            prices=prices,
+            budgets=self.budgets,
         )
         self.router = Router(self.service, config.max_body_bytes)
         self._started = False
@@ -58,6 +73,7 @@ class GatewayApp:
         if self._started:
             return
         self._started = True
+        await self._restore_budgets()
         self.writer.start()
         await asyncio.gather(*(u.start() for u in self.upstreams.values()))
         results = await asyncio.gather(
@@ -66,6 +82,23 @@ class GatewayApp:
         for name, result in zip(self.upstreams, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("model %s: capabilities not known yet: %s", name, result)
+
+    async def _restore_budgets(self) -> None:
+        """Read what each caller and task spent before this process, once, off the loop.
+
+        A ledger that cannot be read stops start-up: budgets are not enforced blind.
+        """
+        if self.budgets is None or self.spend_store is None:
+            return
+        try:
+            spent = await asyncio.to_thread(self.spend_store.spent, self.budgets.today())
+        except Exception as exc:
+            raise RuntimeError(
+                f"cannot read the budgets' spending from the ledger {self.config.ledger_path}: "
+                f"{exc}"
+            ) from exc
+        self.budgets.restore(spent)
+        log.info("budgets: spending of %d callers and tasks read from the ledger", len(spent))
 
     async def shutdown(self) -> None:
         """Close upstream connections and write every call still queued."""

@@ -9,13 +9,15 @@ call are ``call_flow.CallFlow``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
+from boundedcode_gateway.budgets.book import BudgetBook, CountingSink
 from boundedcode_gateway.call_flow import CallFlow, JsonAnswer, SharedState, StreamAnswer
+from boundedcode_gateway.config import PriceSettings
 from boundedcode_gateway.errors import GatewayError, ModelNotFound, internal_error
 from boundedcode_gateway.llama_server.cache_keeper import CacheKeeper
-from boundedcode_gateway.metering.meter import CallContext, Meter
-from boundedcode_gateway.metering.writer import MeterWriter
+from boundedcode_gateway.metering.meter import CallContext, Meter, RecordSink
 from boundedcode_gateway.policy.cache_misses import ContinuityTable
 from boundedcode_gateway.policy.history_diff import HistoryTracker
 from boundedcode_gateway.providers.base import Upstream
@@ -26,31 +28,37 @@ __all__ = ["GatewayService", "JsonAnswer", "StreamAnswer"]
 
 
 class GatewayService:
-    """Routes a validated request to its upstream and meters the call."""
+    """Routes a validated request to its upstream, holds it to its budgets and meters it."""
 
     def __init__(
         self,
         upstreams: dict[str, Upstream],
         http: HttpClient,
-        writer: MeterWriter,
+        writer: RecordSink,
         reasoning: ReasoningStore,
         continuity: ContinuityTable | None = None,
+        prices: Mapping[str, PriceSettings] | None = None,
+        budgets: BudgetBook | None = None,
     ) -> None:
         self.upstreams = upstreams
         self._http = http
-        self._writer = writer
+        # every record is counted against its budgets on its way to the writer
+        self._writer: RecordSink = writer if budgets is None else CountingSink(budgets, writer)
+        self._prices: Mapping[str, PriceSettings] = prices or {}
+        self._budgets = budgets
         continuity = continuity if continuity is not None else ContinuityTable()
         self._shared = SharedState(http, reasoning, HistoryTracker(), continuity, set())
         self._keepers: dict[str, CacheKeeper] = {}
 
     def record_rejected(self, ctx: CallContext, model: str, exc: GatewayError) -> None:
         """Meter a request refused before routing (bad input that still named a model)."""
-        Meter(self._writer, ctx, model).error(exc)
+        Meter(self._writer, ctx, model, price=self._prices.get(model)).error(exc)
 
     async def chat(self, ctx: CallContext, body: dict[str, Any]) -> JsonAnswer | StreamAnswer:
         """Answer one validated chat-completions request."""
         model: str = body["model"]
-        meter = Meter(self._writer, ctx, model, messages=len(body["messages"]))
+        price = self._prices.get(model)
+        meter = Meter(self._writer, ctx, model, messages=len(body["messages"]), price=price)
         flow: CallFlow | None = None
         try:
             upstream = self.upstreams.get(model)
@@ -58,6 +66,8 @@ class GatewayService:
                 raise ModelNotFound(
                     f"The model '{model}' does not exist on this gateway", param="model"
                 )
+            if self._budgets is not None:
+                self._budgets.check(ctx)
             flow = CallFlow(self._shared, meter, upstream, self.keeper(upstream), body)
             answer = await flow.run()
         except GatewayError as exc:
@@ -86,7 +96,9 @@ class GatewayService:
             server = upstream.cache_server()
             if server is None:
                 return None
-            keeper = CacheKeeper(upstream.name, server, self._http, self._writer)
+            keeper = CacheKeeper(
+                upstream.name, server, self._http, self._writer, self._prices.get(upstream.name)
+            )
             self._keepers[upstream.name] = keeper
         return keeper
 

@@ -57,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     calls.add_argument("--config")
     calls.add_argument("--task")
     calls.add_argument("--last", type=int, default=20)
+    budgets = sub.add_parser("budgets", help="print what each budget has spent and has left")
+    budgets.add_argument("--config")
     _report_parser(sub)
     return parser
 
@@ -105,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "report":
             return _report(args, config.calls_path)
+        if args.command == "budgets":
+            from boundedcode_gateway.cli.budgets import run_budgets
+
+            return run_budgets(config)
         from boundedcode_gateway.cli.calls import run_calls
 
         return run_calls(config.ledger_path, config.calls_path, args.task, args.last)

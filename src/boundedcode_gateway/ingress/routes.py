@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from boundedcode_gateway import discard
+from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.errors import (
     BodyTooLarge,
     GatewayError,
@@ -94,6 +96,10 @@ async def read_request_body(scope: dict[str, Any], receive: Receive, limit: int)
             return b"".join(parts)
 
 
+def _no_caller(scope: dict[str, Any]) -> Caller | None:
+    return None
+
+
 class Router:
     """Dispatches HTTP requests to the handlers."""
 
@@ -101,6 +107,9 @@ class Router:
         self.service = service
         self.max_body_bytes = max_body_bytes
         self.started_at = time.time()
+        # who sent a request, from its scope (its credential): the caller its call is
+        # metered and budgeted under; nobody unless the gateway authenticates callers
+        self.identify: Callable[[dict[str, Any]], Caller | None] = _no_caller
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         path: str = scope["path"]
@@ -161,6 +170,7 @@ class Router:
             check_task(task) if task is not None else DEFAULT_TASK,
             check_purpose(purpose) if purpose is not None else DEFAULT_PURPOSE,
             discard.header_declares(_header(scope, discard.HEADER)),
+            self.identify(scope),
         )
 
     async def _chat(

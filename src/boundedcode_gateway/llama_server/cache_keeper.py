@@ -25,9 +25,9 @@ from typing import Any
 
 import orjson
 
+from boundedcode_gateway.config import PriceSettings
 from boundedcode_gateway.errors import GatewayError
-from boundedcode_gateway.metering.meter import CallContext, Meter
-from boundedcode_gateway.metering.writer import MeterWriter
+from boundedcode_gateway.metering.meter import CallContext, Meter, RecordSink
 from boundedcode_gateway.policy.cache_misses import (
     MISS_TOLERANCE_TOKENS,
     REPAIR_PURPOSE,
@@ -162,9 +162,15 @@ class CacheKeeper:
     """The follow-up of one llama.cpp profile's answers; one job at a time per answer."""
 
     def __init__(
-        self, profile: str, server: CacheServer, http: HttpClient, writer: MeterWriter
+        self,
+        profile: str,
+        server: CacheServer,
+        http: HttpClient,
+        writer: RecordSink,
+        price: PriceSettings | None = None,
     ) -> None:
         self._profile = profile
+        self._price = price
         self._http = http
         self._root = server.root
         self._headers = server.headers
@@ -253,7 +259,12 @@ class CacheKeeper:
         return rendered, idle
 
     async def _run_repair(self, call: AnsweredCall, rendered: str) -> None:
-        meter = Meter(self._writer, CallContext.new(call.task, REPAIR_PURPOSE), self._profile)
+        meter = Meter(
+            self._writer,
+            CallContext.new(call.task, REPAIR_PURPOSE),
+            self._profile,
+            price=self._price,
+        )
         record = meter.record
         record.provider = "local"
         # the conversation the rendering holds: the request's messages and the answer

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from importlib.resources import files
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from boundedcode_gateway.clock import utc_now_iso
 from boundedcode_gateway.metering.records import LEDGER_FIELDS, CallRecord
@@ -49,6 +49,41 @@ SELECT_RECENT_FOR_TASK_SQL = (
     f"SELECT {_COLUMNS} FROM model_calls WHERE task = ? "
     "ORDER BY started_at DESC, rowid DESC LIMIT ?"
 )
+
+# What each caller (the gateway's own work has none) and each task spent, in all and in
+# one UTC day [?, ?): the budgets' state after a restart. Tokens are prompt plus completion.
+_DAY = "started_at >= ? AND started_at < ?"
+_SPENT_COLUMNS = (
+    "SUM(COALESCE(cost_usd, 0)), "
+    "SUM(COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0)), "
+    "SUM(COALESCE(evaluated_tokens, 0)), "
+    f"SUM(CASE WHEN {_DAY} THEN COALESCE(cost_usd, 0) ELSE 0 END), "
+    f"SUM(CASE WHEN {_DAY} THEN COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0) "
+    "ELSE 0 END), "
+    f"SUM(CASE WHEN {_DAY} THEN COALESCE(evaluated_tokens, 0) ELSE 0 END)"
+)
+SELECT_SPENDING_SQL = (
+    f"SELECT 'caller', caller, {_SPENT_COLUMNS} FROM model_calls "
+    "WHERE caller IS NOT NULL GROUP BY caller "
+    f"UNION ALL SELECT 'task', task, {_SPENT_COLUMNS} FROM model_calls GROUP BY task"
+)
+# the day's bounds, once for each of the three day columns of each half
+_SPENDING_DAY_PARAMS = 6
+
+
+class HolderTotals(NamedTuple):
+    """What one caller (``kind`` "caller") or task (``kind`` "task") spent: in all, and on
+    the day asked for."""
+
+    kind: str
+    name: str
+    cost_usd: float
+    tokens: int
+    evaluated_tokens: int
+    day_cost_usd: float
+    day_tokens: int
+    day_evaluated_tokens: int
+
 
 # SQLite hands BOOLEAN columns back as 0/1; rows should read like CallRecord.to_dict().
 _BOOL_FIELDS = frozenset(
@@ -138,6 +173,27 @@ class Ledger:
         rows = [_row_dict(row) for row in cursor.fetchall()]
         rows.reverse()
         return rows
+
+    def spending(self, day_start: str, day_end: str) -> list[HolderTotals]:
+        """Each caller's and task's spending, in all and from ``day_start`` up to
+        ``day_end`` (``YYYY-MM-DD``, compared with ``started_at``)."""
+        conn = self._connection()
+        params = (day_start, day_end) * _SPENDING_DAY_PARAMS
+        return [
+            HolderTotals(
+                kind,
+                name,
+                float(cost),
+                int(tokens),
+                int(evaluated),
+                float(day_cost),
+                int(day_tokens),
+                int(day_evaluated),
+            )
+            for kind, name, cost, tokens, evaluated, day_cost, day_tokens, day_evaluated in (
+                conn.execute(SELECT_SPENDING_SQL, params).fetchall()
+            )
+        ]
 
     def close(self) -> None:
         """Close the connection; closing twice is harmless."""

@@ -5,15 +5,26 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.clock import utc_now_iso
+from boundedcode_gateway.config import PriceSettings
 from boundedcode_gateway.errors import GatewayError
+from boundedcode_gateway.metering.cost import call_cost
 from boundedcode_gateway.metering.records import CallRecord
-from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.upstream.metrics import CallMetrics
 
 CLIENT_CLOSED = 499  # nginx's convention for "the caller went away"
+
+
+class RecordSink(Protocol):
+    """Where a finished record goes: the meter writer, or what counts it on the way there.
+
+    ``submit`` runs on the event loop; it must never block or raise.
+    """
+
+    def submit(self, record: CallRecord) -> None: ...
 
 
 @dataclass(slots=True)
@@ -58,15 +69,22 @@ class Meter:
     """Holds one call's record, its identity and outcome, and submits it exactly once.
 
     The call's own fields are filled by whoever ran the call, from what its steps
-    returned (``call_flow.CallFlow``), before the outcome is submitted.
+    returned (``call_flow.CallFlow``), before the outcome is submitted; its cost is
+    computed from them here, with the price of the profile the call was routed to.
     """
 
-    __slots__ = ("_done", "_writer", "ctx", "record")
+    __slots__ = ("_done", "_price", "_writer", "ctx", "record")
 
     def __init__(
-        self, writer: MeterWriter, ctx: CallContext, model: str, messages: int = 0
+        self,
+        writer: RecordSink,
+        ctx: CallContext,
+        model: str,
+        messages: int = 0,
+        price: PriceSettings | None = None,
     ) -> None:
         self._writer = writer
+        self._price = price
         self.ctx = ctx
         self.record = CallRecord(
             call_id=ctx.call_id,
@@ -101,4 +119,12 @@ class Meter:
         r.http_status = http_status
         r.error_code = code
         r.total_ms = self.ctx.elapsed_ms()
+        r.cost_usd = call_cost(
+            self._price,
+            prompt_tokens=r.prompt_tokens,
+            cached_tokens=r.cached_tokens,
+            completion_tokens=r.completion_tokens,
+            prefill_ms=r.prefill_ms,
+            decode_ms=r.decode_ms,
+        )
         self._writer.submit(r)

@@ -1,0 +1,2 @@
+"""Budgets: what each caller and each task has spent, and the refusal of a call that would
+start over its budget."""

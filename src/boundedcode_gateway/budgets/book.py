@@ -1,0 +1,132 @@
+"""The budget book: what each caller and each task has spent, in memory, and the check of
+a call against its budgets before it is sent.
+
+Lives on the event loop: ``check`` runs when a call starts, ``count`` when a call's
+record is submitted (``CountingSink``). Neither does I/O; what was spent before a
+restart is read from the store once, at start-up (``restore``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+
+from boundedcode_gateway.budgets.limits import Overrun, overruns, refusal
+from boundedcode_gateway.budgets.spent import Holder, HolderSpent, Spent, day_of, spent_by
+from boundedcode_gateway.config import BudgetPeriod, BudgetSettings, GatewayConfig
+from boundedcode_gateway.metering.meter import CallContext, RecordSink
+from boundedcode_gateway.metering.records import CallRecord
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def budgets_configured(config: GatewayConfig) -> bool:
+    """Whether any call can have a budget: a task budget, a key's, or task tokens (whose
+    claims carry one)."""
+    if config.budgets.task is not None:
+        return True
+    auth = config.auth
+    return auth is not None and (
+        auth.token_secret_env is not None or any(k.budget is not None for k in auth.keys)
+    )
+
+
+class BudgetBook:
+    """Spending per caller and per task (UTC day and lifetime), and the budgets' verdict.
+
+    A call is checked when it starts and counted when it ends, so calls admitted while
+    others are in flight may together spend past a limit by at most what those in-flight
+    calls spend; none is cut short.
+    """
+
+    def __init__(self, task_budget: BudgetSettings | None, clock: Clock = utc_now) -> None:
+        self.task_budget = task_budget
+        # an aware UTC datetime; tests move it across a day boundary
+        self.clock = clock
+        self._spent: dict[Holder, HolderSpent] = {}
+
+    def today(self) -> str:
+        """The UTC day (``YYYY-MM-DD``) by the book's clock."""
+        return self.clock().date().isoformat()
+
+    def restore(self, spent: Mapping[Holder, HolderSpent]) -> None:
+        """Start from what was spent before this process (read once, before any call)."""
+        for holder, held in spent.items():
+            if holder[0] == "task" and self.task_budget is None:
+                continue
+            self._spent[holder] = held
+
+    def spent(self, holder: Holder, per: BudgetPeriod, day: str) -> Spent:
+        """What ``holder`` spent on ``day`` (per ``day``) or in all (per ``lifetime``)."""
+        held = self._spent.get(holder)
+        if held is None:
+            return Spent()
+        return held.lifetime if per == "lifetime" else held.on(day)
+
+    def check(self, ctx: CallContext) -> None:
+        """Refuse (``BudgetExceeded``) a call whose caller or task has a budget with nothing
+        left of one of its limits."""
+        caller = ctx.caller
+        caller_budget = caller.budget if caller is not None else None
+        if caller_budget is None and self.task_budget is None:
+            return
+        now = self.clock()
+        day = now.date().isoformat()
+        found: list[Overrun] = []
+        if caller is not None and caller_budget is not None:
+            holder: Holder = ("caller", caller.name)
+            found += overruns(holder, caller_budget, self.spent(holder, caller_budget.per, day))
+        if self.task_budget is not None:
+            holder = ("task", ctx.task)
+            found += overruns(
+                holder, self.task_budget, self.spent(holder, self.task_budget.per, day)
+            )
+        if found:
+            raise refusal(found, now)
+
+    def count(self, record: CallRecord) -> None:
+        """Add what one finished call spent to its caller's and its task's spending.
+
+        The gateway's own work (a cache repair) is recorded without a caller: it counts
+        toward its task's budget only.
+        """
+        track_task = self.task_budget is not None
+        if record.caller is None and not track_task:
+            return
+        day = day_of(record.started_at)
+        spent = spent_by(record)
+        if record.caller is not None:
+            self._add(("caller", record.caller), day, spent)
+        if track_task:
+            self._add(("task", record.task), day, spent)
+
+    def _add(self, holder: Holder, day: str, spent: Spent) -> None:
+        held = self._spent.get(holder)
+        if held is None:
+            held = self._spent[holder] = HolderSpent(day)
+        held.add(day, spent)
+
+
+class CountingSink:
+    """Counts each finished record in the book, then passes it on to the writer."""
+
+    __slots__ = ("_book", "_next")
+
+    def __init__(self, book: BudgetBook, writer: RecordSink) -> None:
+        self._book = book
+        self._next = writer
+
+    def submit(self, record: CallRecord) -> None:
+        try:
+            self._book.count(record)
+        except Exception:
+            # a record is written even if it could not be counted
+            log.exception("budgets: the spending of %s was not counted", record.call_id)
+        self._next.submit(record)

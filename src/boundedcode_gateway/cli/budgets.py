@@ -1,0 +1,90 @@
+"""The ``budgets`` subcommand: what each budget of the configuration has spent and has left.
+
+Reads the ledger (read-only) as a restarted gateway would; it must not write to it.
+Token budgets live in the tokens' claims, not the configuration, so they are not listed.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from boundedcode_gateway.budgets.spent import Holder, HolderSpent, Spent
+from boundedcode_gateway.budgets.store import LedgerSpendStore
+from boundedcode_gateway.config import BudgetSettings, GatewayConfig
+
+HEADER = ("holder", "name", "per", "limit", "spent", "allowed", "left")
+NO_BUDGETS = "(no budgets configured)"
+COLUMN_GAP = "  "
+
+Row = tuple[str, str, str, str, str, str, str]
+
+
+def _amount(limit: str, value: float) -> str:
+    return f"${value:,.4f}" if limit == "max_cost_usd" else f"{int(value):,}"
+
+
+def budget_rows(config: GatewayConfig, spent: Mapping[Holder, HolderSpent], day: str) -> list[Row]:
+    """One row per limit of each budget: every key's, and the task budget for each task
+    the ledger knows."""
+    holders: list[tuple[Holder, BudgetSettings]] = []
+    if config.auth is not None:
+        holders += [(("caller", k.name), k.budget) for k in config.auth.keys if k.budget]
+    task_budget = config.budgets.task
+    if task_budget is not None:
+        tasks = sorted(name for kind, name in spent if kind == "task")
+        holders += [(("task", name), task_budget) for name in tasks]
+    rows: list[Row] = []
+    for holder, budget in holders:
+        held = spent.get(holder)
+        used = (
+            Spent()
+            if held is None
+            else (held.lifetime if budget.per == "lifetime" else held.on(day))
+        )
+        for limit, allowed, value in (
+            ("max_cost_usd", budget.max_cost_usd, used.cost_usd),
+            ("max_tokens", budget.max_tokens, used.tokens),
+            ("max_evaluated_tokens", budget.max_evaluated_tokens, used.evaluated_tokens),
+        ):
+            if allowed is None:
+                continue
+            left = max(0.0, allowed - value)
+            rows.append(
+                (
+                    holder[0],
+                    holder[1],
+                    budget.per,
+                    limit,
+                    _amount(limit, value),
+                    _amount(limit, allowed),
+                    _amount(limit, left),
+                )
+            )
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    if not rows:
+        return NO_BUDGETS
+    widths = [max(len(r[i]) for r in [HEADER, *rows]) for i in range(len(HEADER))]
+    return "\n".join(
+        COLUMN_GAP.join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [HEADER, *rows]
+    )
+
+
+def run_budgets(config: GatewayConfig) -> int:
+    """Print each budget's spending today (UTC) or in all, from the ledger."""
+    day = datetime.now(UTC).date().isoformat()
+    spent: dict[Holder, HolderSpent] = {}
+    if config.ledger_path.is_file():
+        try:
+            spent = LedgerSpendStore(config.ledger_path, read_only=True).spent(day)
+        except sqlite3.Error as exc:
+            print(f"cannot read the ledger {config.ledger_path}: {exc}", file=sys.stderr)
+            return 1
+    print(format_table(budget_rows(config, spent, day)))
+    return 0
