@@ -12,7 +12,9 @@ from typing import Any
 import orjson
 import pytest
 
+from boundedcode_gateway.config import parse_config
 from boundedcode_gateway.errors import GatewayError, InternalError, ModelNotFound, StreamBroken
+from boundedcode_gateway.live_config import LiveConfig, Route
 from boundedcode_gateway.metering.meter import CLIENT_CLOSED, CallContext
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.policy import structured
@@ -71,9 +73,11 @@ async def pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIter
     http = HttpClient(Timeouts(connect_s=5.0, read_s=5.0))
     writer = RecordingWriter()
     upstream = openai_upstream(server.url, http, monkeypatch)
-    service = GatewayService(
-        {"gpt": upstream}, http, writer, ReasoningStore(tmp_path, REASONING_FILES)
+    config = parse_config(
+        f"data_dir: {tmp_path}\nmodels: {{gpt: {{provider: local, external_url: {server.url}}}}}"
     )
+    live = LiveConfig(config, {"gpt": Route("gpt", upstream, ())})
+    service = GatewayService(live, http, writer, ReasoningStore(tmp_path, REASONING_FILES))
     yield Pipeline(service, server, writer)
     await service.close()
     await http.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from boundedcode_gateway.access.caller import Caller
@@ -61,12 +62,19 @@ class Meter:
     returned (``call_flow.CallFlow``), before the outcome is submitted.
     """
 
-    __slots__ = ("_done", "_writer", "ctx", "record")
+    __slots__ = ("_done", "_on_submit", "_writer", "ctx", "record")
 
     def __init__(
-        self, writer: MeterWriter, ctx: CallContext, model: str, messages: int = 0
+        self,
+        writer: MeterWriter,
+        ctx: CallContext,
+        model: str,
+        messages: int = 0,
+        on_submit: Callable[[], None] | None = None,
     ) -> None:
         self._writer = writer
+        # the call is over once its record is submitted (the route counts it out)
+        self._on_submit = on_submit
         self.ctx = ctx
         self.record = CallRecord(
             call_id=ctx.call_id,
@@ -102,3 +110,5 @@ class Meter:
         r.error_code = code
         r.total_ms = self.ctx.elapsed_ms()
         self._writer.submit(r)
+        if self._on_submit is not None:
+            self._on_submit()
