@@ -138,8 +138,6 @@ class RouteChanges:
 def route_changes(old: LiveConfig, new: LiveConfig) -> RouteChanges:
     added = tuple(n for n in new.routes if n not in old.routes)
     removed = tuple(n for n in old.routes if n not in new.routes)
-    changed = tuple(
-        n for n, r in new.routes.items() if n in old.routes and old.routes[n] is not r
-    )
+    changed = tuple(n for n, r in new.routes.items() if n in old.routes and old.routes[n] is not r)
     unchanged = tuple(n for n, r in new.routes.items() if old.routes.get(n) is r)
     return RouteChanges(added, changed, removed, unchanged)
