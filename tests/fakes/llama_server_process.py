@@ -1,7 +1,8 @@
 """The fake llama-server as a program, for a managed profile's ``llama_server_bin``.
 
 Takes llama-server's command line (``--port`` and ``--alias`` are used, the other flags
-ignored) and serves ``FakeLlamaServer`` on 127.0.0.1 until SIGTERM. A profile's
+ignored) and serves ``FakeLlamaServer`` on 127.0.0.1 until SIGTERM, which ends it at
+once, answers in progress cut off, as it ends llama-server. A profile's
 ``server.extra_args`` may add ``--fake-slow-answer-ms MS``: every answer is then
 ``SLOW_ANSWER`` with that wait between its chunks. ``write_binary``
 writes an executable that runs it, so the gateway supervises a real process without a
@@ -11,7 +12,11 @@ real llama-server.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
@@ -49,7 +54,9 @@ def main(argv: list[str]) -> None:
     if args.fake_slow_answer_ms is not None:
         delay = args.fake_slow_answer_ms
         fake.queue(*(Reply(SLOW_ANSWER, chunk_delay_ms=delay) for _ in range(SLOW_ANSWERS)))
-    uvicorn.run(
+    # uvicorn would let answers in progress finish first
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    config = uvicorn.Config(
         fake.app,
         host="127.0.0.1",
         port=args.port,
@@ -58,3 +65,12 @@ def main(argv: list[str]) -> None:
         lifespan="off",
         interface="asgi3",
     )
+    _NoSignals(config).run()
+
+
+class _NoSignals(uvicorn.Server):
+    """uvicorn without its own signal handlers (SIGTERM's is set above)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield

@@ -136,6 +136,7 @@ async def test_a_route_is_idle_once_its_last_call_left(http: HttpClient) -> None
     route.enter()
     route.enter()
     idle = asyncio.ensure_future(route.idle())
+    await asyncio.sleep(0.01)  # it waits
     route.leave()
     await asyncio.sleep(0.01)
     assert not idle.done() and route.in_flight == 1
