@@ -132,6 +132,9 @@ class GatewayService:
             if route not in kept and route not in self._retiring:
                 task = asyncio.get_running_loop().create_task(self._close_when_idle(route))
                 self._retiring[route] = task
+                # a changed profile's new upstream is sent a schema again
+                refused = self._shared.schema_refused
+                refused.difference_update([r for r in refused if r[0] == route.name])
 
     async def _close_when_idle(self, route: Route) -> None:
         await route.idle()

@@ -52,6 +52,7 @@ class Pipeline:
     service: GatewayService
     server: ScriptedServer
     writer: RecordingWriter
+    http: HttpClient
 
     async def chat(self, **body: Any) -> JsonAnswer | StreamAnswer:
         ctx = CallContext.new("t", "agent_turn")
@@ -78,7 +79,7 @@ async def pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIter
     )
     live = LiveConfig(config, {"gpt": Route("gpt", upstream, ())})
     service = GatewayService(live, http, writer, ReasoningStore(tmp_path, REASONING_FILES))
-    yield Pipeline(service, server, writer)
+    yield Pipeline(service, server, writer, http)
     await service.close()
     await http.close()
     await server.stop()
@@ -188,6 +189,27 @@ async def test_a_refused_schema_is_dropped_once_and_then_never_sent(pipeline: Pi
     assert "response_format" in sent[0]
     assert all("response_format" not in body for body in sent[1:])
     assert first.status == second.status == "ok"
+
+
+async def test_a_changed_profile_is_sent_a_schema_its_old_upstream_refused(
+    pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refusal = {"error": {"message": "'response_format' is not supported", "code": None}}
+    pipeline.server.queue(json_answer(400, refusal), json_answer(200, completion('{"n": 1}')))
+    await pipeline.chat(response_format=SCHEMA)
+    old = pipeline.service.live
+    changed = openai_upstream(pipeline.server.url, pipeline.http, monkeypatch, model="gpt-5.2")
+    pipeline.service.use(LiveConfig(old.config, {"gpt": Route("gpt", changed, ("new",))}))
+    pipeline.server.queue(json_answer(200, completion('{"n": 2}')))
+    await pipeline.chat(response_format=SCHEMA)
+    sent = pipeline.sent()[-1]
+    assert sent["model"] == "gpt-5.2" and "response_format" in sent
+    assert pipeline.writer.records[-1].structured_output == structured.SENT
+    for _ in range(100):  # the old route is closed: no call was left on it
+        if list(pipeline.service.routes()) == [pipeline.service.live.routes["gpt"]]:
+            break
+        await asyncio.sleep(0.01)
+    assert list(pipeline.service.routes()) == [pipeline.service.live.routes["gpt"]]
 
 
 async def test_an_error_answer_keeps_its_status_and_is_recorded(pipeline: Pipeline) -> None:
