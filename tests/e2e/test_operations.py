@@ -199,3 +199,16 @@ def test_not_ready_while_an_external_server_is_down(
         )
     assert info.value.status_code == 503
     assert httpx.get(gw.url + "/health", timeout=10).status_code == 200
+
+
+def test_a_readiness_check_that_fails_is_a_reason(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken() -> str | None:
+        raise RuntimeError("a bug in a check")
+
+    monkeypatch.setattr(gateway.app.upstreams["glm"], "readiness", broken)
+    resp = httpx.get(gateway.url + "/ready", timeout=10)
+    assert resp.status_code == 503
+    reason = "its readiness check failed (see the gateway's log)"
+    assert resp.json()["models"]["glm"] == {"ready": False, "reason": reason}

@@ -335,3 +335,35 @@ def reloads_of(url: str) -> dict[str, float]:
             if s.name == "boundedcode_gateway_config_reloads_total":
                 out[s.labels["result"]] = s.value
     return out
+
+
+def test_a_reload_needs_a_started_gateway_and_a_source(
+    gateway: Gateway, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the in-process fixture was given a configuration, not a file to read again
+    result = on_loop(gateway.app, gateway.app.reload())
+    assert result == ReloadResult(False, "the gateway was not started from a configuration source")
+
+    async def before_start() -> ReloadResult:
+        unstarted = create_app(gateway.app.config)
+        try:
+            return await unstarted.reload()
+        finally:
+            await unstarted.shutdown()
+
+    assert asyncio.run(before_start()).reason == "the gateway is still starting"
+
+    async def failing(config: Any) -> ReloadResult:
+        raise RuntimeError("a fault while reloading")
+
+    # a reload a signal started in a task of its own: a fault is logged, the gateway serves
+    monkeypatch.setattr(gateway.app, "_reload", failing)
+
+    async def signalled() -> None:
+        gateway.app.reload_soon()
+        await asyncio.gather(*gateway.app._reloads, return_exceptions=True)
+
+    on_loop(gateway.app, signalled())
+    assert "configuration reload failed" in caplog.text
+    assert "a fault while reloading" in caplog.text
+    assert gateway.client().chat.completions.create(model="local", messages=ASK).choices
