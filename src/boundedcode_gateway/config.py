@@ -365,6 +365,3 @@ class ConfigSource:
             return load_config(self.path)
         text = resources.files("boundedcode_gateway").joinpath("default_config.yaml").read_text()
         return parse_config(text, EMBEDDED_DEFAULT)
-
-    def describe(self) -> str:
-        return str(self.path) if self.path is not None else EMBEDDED_DEFAULT

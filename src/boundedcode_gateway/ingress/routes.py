@@ -137,7 +137,8 @@ class Router:
 
     async def _operations(self, scope: dict[str, Any], send: Send, path: str) -> None:
         """``/metrics`` (Prometheus' text format) and ``/ready`` (200, or 503 naming each
-        profile that is not ready and why)."""
+        profile that is not ready and why): one place for whatever may ask of the caller
+        (``scope``) before the gateway's own state is shown."""
         if path == "/metrics":
             body, content_type = self.metrics.exposition()
             await send_body(send, 200, body, content_type.encode("latin-1"))
