@@ -31,7 +31,7 @@ from tests.fakes.llama_server_process import SLOW_ANSWER, write_binary
 from tests.fakes.server import serve_in_thread, stop_all
 
 STREAMS = 100
-SLOW = Reply(content="tick " * 50, chunk_delay_ms=40)  # 100 chunks: about 4 s
+SLOW = Reply(content="tick " * 50, chunk_delay_ms=60)  # 100 chunks: about 6 s
 ASK: Any = [{"role": "user", "content": "Count."}]
 T = TypeVar("T")
 
@@ -240,7 +240,7 @@ def test_a_managed_server_runs_on_unless_its_profile_changed(
         server = {"extra_args": extra_args, "cache_repair": False}
         return {"provider": "local", "model_path": str(model), "server": server}
 
-    managed = managed_profile(50)
+    managed = managed_profile(80)  # 100 chunks: about 8 s, to span a start
     fg = from_file(
         {"managed": managed, "gpt": upstreams.profiles["gpt"]},
         llama_server_bin=str(write_binary(tmp_path)),
