@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 from collections.abc import Iterator
@@ -43,3 +44,20 @@ def loopback_only() -> Iterator[None]:
         patch.setattr(socket.socket, "connect", _guarded_connect)
         patch.setattr(socket.socket, "connect_ex", _guarded_connect_ex)
         yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Close the event loop a synchronous client left as the thread's current loop.
+
+    LiteLLM's synchronous calls take ``asyncio.get_event_loop()``, which makes a loop
+    and leaves it open; collected later, inside some other test, its ResourceWarning
+    fails that test. A fresh policy afterwards lets the next such call make its own.
+    """
+    yield
+    policy = asyncio.get_event_loop_policy()
+    loop = getattr(getattr(policy, "_local", None), "_loop", None)
+    if isinstance(loop, asyncio.AbstractEventLoop) and not loop.is_running():
+        if not loop.is_closed():
+            loop.close()
+        asyncio.set_event_loop_policy(None)

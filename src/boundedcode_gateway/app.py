@@ -1,23 +1,34 @@
-"""The ASGI application: its lifespan owns the HTTP client, the upstreams and the meter writer."""
+"""The ASGI application: its lifespan owns the HTTP client, the upstreams and the meter
+writer; ``reload`` swaps in what a new configuration gives without dropping a call."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from boundedcode_gateway import jsonl
 from boundedcode_gateway.budgets.book import BudgetBook, budgets_configured
 from boundedcode_gateway.budgets.store import LedgerSpendStore, SpendStore
-from boundedcode_gateway.config import GatewayConfig
-from boundedcode_gateway.errors import GatewayError
+from boundedcode_gateway.config import ConfigSource, GatewayConfig
+from boundedcode_gateway.errors import ConfigError, GatewayError
 from boundedcode_gateway.ingress.render import Receive, Send, send_error
 from boundedcode_gateway.ingress.routes import Router
+from boundedcode_gateway.live_config import (
+    Route,
+    RouteChanges,
+    build_live_config,
+    restart_only_changes,
+    route_changes,
+)
 from boundedcode_gateway.metering.writer import MeterWriter
+from boundedcode_gateway.operations.metrics import GatewayMetrics
 from boundedcode_gateway.policy.cache_misses import ContinuityTable
 from boundedcode_gateway.providers.base import Upstream
-from boundedcode_gateway.providers.registry import REASONING_FILES, build_upstreams
+from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.service import GatewayService
 from boundedcode_gateway.upstream.http import HttpClient, Timeouts
@@ -30,11 +41,21 @@ log = logging.getLogger(__name__)
 CONTINUITY_TAIL_BYTES = 8 * 1024 * 1024
 
 
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    """What a reload did: applied (with the profiles' changes), or refused and why."""
+
+    applied: bool
+    reason: str | None = None
+    changes: RouteChanges | None = None
+
+
 class GatewayApp:
     """ASGI callable; ``startup()``/``shutdown()`` also run from the ASGI lifespan."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, source: ConfigSource | None = None) -> None:
         self.config = config
+        self._source = source
         proxies = ProxySettings.from_environ(os.environ)
         if proxies.describe():
             log.info("proxy: %s", proxies.describe())
@@ -42,7 +63,6 @@ class GatewayApp:
             Timeouts(config.inference.connect_timeout_s, config.inference.read_timeout_s),
             proxies,
         )
-        self.upstreams: dict[str, Upstream] = build_upstreams(config, self.http)
         self.writer = MeterWriter(config.calls_path, config.ledger_path, enabled=config.metering)
         self.reasoning = ReasoningStore(config.data_path, REASONING_FILES)
         # a restarted gateway goes on comparing each conversation with its previous call
@@ -55,33 +75,42 @@ class GatewayApp:
         self.spend_store: SpendStore | None = (
             LedgerSpendStore(config.ledger_path) if config.metering else None
         )
-        prices = {name: p.price for name, p in config.models.items() if p.price is not None}
         self.service = GatewayService(
-            self.upstreams,
+            build_live_config(config, self.http),
             self.http,
             self.writer,
             self.reasoning,
             continuity,
-            prices=prices,
             budgets=self.budgets,
         )
-        self.router = Router(self.service, config.max_body_bytes)
+        self.metrics = GatewayMetrics(self.service, self.writer)
+        self.writer.observe(self.metrics.observe)
+        self.router = Router(self.service, self.metrics)
         self._started = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reload_lock = asyncio.Lock()
+        self._reloads: set[asyncio.Task[ReloadResult]] = set()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the gateway serves on, once started (to reload from elsewhere:
+        ``asyncio.run_coroutine_threadsafe(app.reload(), app.loop)``)."""
+        return self._loop
+
+    @property
+    def upstreams(self) -> dict[str, Upstream]:
+        """The upstream of each model profile new calls go to."""
+        return self.service.upstreams
 
     async def startup(self) -> None:
         """Start the meter writer and learn each model's capabilities (failures are not fatal)."""
         if self._started:
             return
         self._started = True
+        self._loop = asyncio.get_running_loop()
         await self._restore_budgets()
         self.writer.start()
-        await asyncio.gather(*(u.start() for u in self.upstreams.values()))
-        results = await asyncio.gather(
-            *(u.capabilities() for u in self.upstreams.values()), return_exceptions=True
-        )
-        for name, result in zip(self.upstreams, results, strict=True):
-            if isinstance(result, BaseException):
-                log.warning("model %s: capabilities not known yet: %s", name, result)
+        await _start(self.service.live.routes.values())
 
     async def _restore_budgets(self) -> None:
         """Read what each caller and task spent before this process, once, off the loop.
@@ -102,12 +131,72 @@ class GatewayApp:
 
     async def shutdown(self) -> None:
         """Close upstream connections and write every call still queued."""
+        for task in list(self._reloads):
+            task.cancel()
+        await asyncio.gather(*self._reloads, return_exceptions=True)
         await self.service.close()
-        for upstream in self.upstreams.values():
-            await upstream.close()
         await self.http.close()
         await asyncio.to_thread(self.writer.close)
         await asyncio.to_thread(self.reasoning.close)
+
+    async def reload(self, config: GatewayConfig | None = None) -> ReloadResult:
+        """Serve new calls from ``config`` (default: the source read again). Unchanged
+        profiles keep their upstream; new and changed ones are started before any call
+        reaches them; the upstreams they replace close once their calls end. A source that
+        does not load is refused, and the running configuration kept."""
+        async with self._reload_lock:
+            result = await self._reload(config)
+        self.metrics.reloaded(result.applied)
+        return result
+
+    async def _reload(self, config: GatewayConfig | None) -> ReloadResult:
+        if not self._started:
+            return _refused("the gateway is still starting")
+        old = self.service.live
+        try:
+            if config is None:
+                if self._source is None:
+                    return _refused("the gateway was not started from a configuration source")
+                config = await asyncio.to_thread(self._source.load)
+            new = build_live_config(config, self.http, old)
+        except ConfigError as exc:
+            return _refused(str(exc))
+        changes = route_changes(old, new)
+        running = set(old.routes.values())
+        fresh = [r for r in new.routes.values() if r not in running]
+        try:
+            await _start(fresh)
+        except BaseException:
+            await asyncio.gather(*(r.upstream.close() for r in fresh), return_exceptions=True)
+            raise
+        self.service.use(new)
+        self._use_budgets(config)
+        self.config = config
+        log.info("configuration reloaded: %s", changes.describe())
+        for key in restart_only_changes(old.config, config):
+            log.warning("configuration: %s changed; it takes effect at the next start", key)
+        return ReloadResult(True, changes=changes)
+
+    def _use_budgets(self, config: GatewayConfig) -> None:
+        """Hold new calls to the reloaded task budget; the spending so far is kept. The
+        book is made at start: budgets configured first by a reload need a restart."""
+        if self.budgets is not None:
+            if self.budgets.task_budget is None and config.budgets.task is not None:
+                log.warning("configuration: the new task budget counts spending from now on")
+            self.budgets.task_budget = config.budgets.task
+        elif budgets_configured(config):
+            log.warning("configuration: budgets take effect at the next start")
+
+    def reload_soon(self) -> None:
+        """Reload in a task of its own (a signal handler's way in)."""
+        task = asyncio.get_running_loop().create_task(self.reload())
+        self._reloads.add(task)
+        task.add_done_callback(self._reload_done)
+
+    def _reload_done(self, task: asyncio.Task[ReloadResult]) -> None:
+        self._reloads.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("configuration reload failed", exc_info=task.exception())
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -137,6 +226,23 @@ class GatewayApp:
                 return
 
 
-def create_app(config: GatewayConfig) -> GatewayApp:
-    """The gateway as an ASGI application for ``config``."""
-    return GatewayApp(config)
+def _refused(reason: str) -> ReloadResult:
+    log.error("configuration not reloaded, the running one is kept: %s", reason)
+    return ReloadResult(False, reason)
+
+
+async def _start(routes: Iterable[Route]) -> None:
+    """Start what the profiles run themselves and learn their capabilities (a failure to
+    learn them is not fatal: they are asked again on the next call)."""
+    upstreams = [r.upstream for r in routes]
+    await asyncio.gather(*(u.start() for u in upstreams))
+    results = await asyncio.gather(*(u.capabilities() for u in upstreams), return_exceptions=True)
+    for upstream, result in zip(upstreams, results, strict=True):
+        if isinstance(result, BaseException):
+            log.warning("model %s: capabilities not known yet: %s", upstream.name, result)
+
+
+def create_app(config: GatewayConfig, source: ConfigSource | None = None) -> GatewayApp:
+    """The gateway as an ASGI application for ``config`` (read again from ``source`` on
+    each reload)."""
+    return GatewayApp(config, source)

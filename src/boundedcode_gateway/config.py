@@ -7,6 +7,8 @@ keys (those are read from the environment when a call needs them).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +20,8 @@ from boundedcode_gateway.provider_kinds import KINDS, ProviderKind, kinds_that
 
 ReasoningHistory = Literal["auto", "keep", "drop"]
 ThinkingMode = Literal["enabled", "adaptive", "off"]
+# the name the embedded default configuration goes by in messages
+EMBEDDED_DEFAULT = "<embedded default>"
 # the call log's file name inside the data directory
 CALLS_FILE = "calls.jsonl"
 ThinkingLevel = Literal["minimal", "low", "medium", "high", "xhigh", "max"]
@@ -346,3 +350,18 @@ def load_config(path: str | Path) -> GatewayConfig:
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read the configuration file: {exc.strerror}") from None
     return parse_config(text, str(p))
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSource:
+    """Where the configuration comes from, read again on each reload: a file, or (no path)
+    the configuration embedded in the package."""
+
+    path: Path | None = None
+
+    def load(self) -> GatewayConfig:
+        """Read and validate it now; ``ConfigError`` names the key and line."""
+        if self.path is not None:
+            return load_config(self.path)
+        text = resources.files("boundedcode_gateway").joinpath("default_config.yaml").read_text()
+        return parse_config(text, EMBEDDED_DEFAULT)

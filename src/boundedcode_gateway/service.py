@@ -4,18 +4,24 @@ Every caller request that names a model ends in exactly one ``CallRecord``,
 submitted in a ``finally``. The pipeline knows providers only through
 ``providers.base``; it must not branch on a provider's kind. The steps of one
 call are ``call_flow.CallFlow``.
+
+The routes come from a ``LiveConfig``, read once per call; a reload hands the
+service a new one (``use``), and a route it no longer has is closed once the
+calls on it have ended.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import contextlib
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 from boundedcode_gateway.budgets.book import BudgetBook, CountingSink
 from boundedcode_gateway.call_flow import CallFlow, JsonAnswer, SharedState, StreamAnswer
-from boundedcode_gateway.config import PriceSettings
 from boundedcode_gateway.errors import GatewayError, ModelNotFound, internal_error
+from boundedcode_gateway.live_config import LiveConfig, Route
 from boundedcode_gateway.llama_server.cache_keeper import CacheKeeper
 from boundedcode_gateway.metering.meter import CallContext, Meter, RecordSink
 from boundedcode_gateway.policy.cache_misses import ContinuityTable
@@ -26,48 +32,71 @@ from boundedcode_gateway.upstream.http import HttpClient
 
 __all__ = ["GatewayService", "JsonAnswer", "StreamAnswer"]
 
+log = logging.getLogger(__name__)
+
 
 class GatewayService:
     """Routes a validated request to its upstream, holds it to its budgets and meters it."""
 
     def __init__(
         self,
-        upstreams: dict[str, Upstream],
+        live: LiveConfig,
         http: HttpClient,
         writer: RecordSink,
         reasoning: ReasoningStore,
         continuity: ContinuityTable | None = None,
-        prices: Mapping[str, PriceSettings] | None = None,
         budgets: BudgetBook | None = None,
     ) -> None:
-        self.upstreams = upstreams
+        self.live = live
         self._http = http
         # every record is counted against its budgets on its way to the writer
         self._writer: RecordSink = writer if budgets is None else CountingSink(budgets, writer)
-        self._prices: Mapping[str, PriceSettings] = prices or {}
         self._budgets = budgets
         continuity = continuity if continuity is not None else ContinuityTable()
         self._shared = SharedState(http, reasoning, HistoryTracker(), continuity, set())
-        self._keepers: dict[str, CacheKeeper] = {}
+        # by upstream: a changed profile's new upstream gets a keeper of its own
+        self._keepers: dict[Upstream, CacheKeeper] = {}
+        # routes a reload took out, until the calls on them end
+        self._retiring: dict[Route, asyncio.Task[None]] = {}
+
+    @property
+    def upstreams(self) -> dict[str, Upstream]:
+        """The upstream of each model profile new calls go to."""
+        return self.live.upstreams
+
+    def routes(self) -> Iterator[Route]:
+        """Every route with calls that may still be on it: the live ones, then those
+        retiring."""
+        yield from self.live.routes.values()
+        yield from self._retiring
+
+    def serves(self, model: str) -> bool:
+        """Whether ``model`` names a live profile, or one retiring after a reload."""
+        return model in self.live.routes or any(r.name == model for r in self._retiring)
 
     def record_rejected(self, ctx: CallContext, model: str, exc: GatewayError) -> None:
         """Meter a request refused before routing (bad input that still named a model)."""
-        Meter(self._writer, ctx, model, price=self._prices.get(model)).error(exc)
+        Meter(self._writer, ctx, model, price=self.live.price_of(model)).error(exc)
 
     async def chat(self, ctx: CallContext, body: dict[str, Any]) -> JsonAnswer | StreamAnswer:
         """Answer one validated chat-completions request."""
         model: str = body["model"]
-        price = self._prices.get(model)
-        meter = Meter(self._writer, ctx, model, messages=len(body["messages"]), price=price)
+        route = self.live.routes.get(model)
+        on_submit = None
+        if route is not None:
+            route.enter()
+            on_submit = route.leave
+        price = self.live.price_of(model)
+        meter = Meter(self._writer, ctx, model, len(body["messages"]), price, on_submit)
         flow: CallFlow | None = None
         try:
-            upstream = self.upstreams.get(model)
-            if upstream is None:
+            if route is None:
                 raise ModelNotFound(
                     f"The model '{model}' does not exist on this gateway", param="model"
                 )
             if self._budgets is not None:
                 self._budgets.check(ctx)
+            upstream = route.upstream
             flow = CallFlow(self._shared, meter, upstream, self.keeper(upstream), body)
             answer = await flow.run()
         except GatewayError as exc:
@@ -85,27 +114,66 @@ class GatewayService:
         return answer
 
     @property
-    def keepers(self) -> dict[str, CacheKeeper]:
-        """The cache keepers made so far, by profile."""
+    def keepers(self) -> dict[Upstream, CacheKeeper]:
+        """The cache keepers made so far, by upstream."""
         return self._keepers
 
     def keeper(self, upstream: Upstream) -> CacheKeeper | None:
         """The cache keeper of a profile whose server's cache can be read (made on first use)."""
-        keeper = self._keepers.get(upstream.name)
+        keeper = self._keepers.get(upstream)
         if keeper is None:
             server = upstream.cache_server()
             if server is None:
                 return None
             keeper = CacheKeeper(
-                upstream.name, server, self._http, self._writer, self._prices.get(upstream.name)
+                upstream.name, server, self._http, self._writer, self.live.price_of(upstream.name)
             )
-            self._keepers[upstream.name] = keeper
+            self._keepers[upstream] = keeper
         return keeper
 
+    def use(self, live: LiveConfig) -> None:
+        """Serve new calls from ``live``; a route it does not keep is closed once the calls
+        on it have ended (they go on with the upstream they started with)."""
+        kept = set(live.routes.values())
+        old, self.live = self.live, live
+        # a price is not part of a route: a kept route's cache repairs take the new one
+        for upstream, keeper in self._keepers.items():
+            keeper.price = live.price_of(upstream.name)
+        for route in old.routes.values():
+            if route not in kept and route not in self._retiring:
+                task = asyncio.get_running_loop().create_task(self._close_when_idle(route))
+                self._retiring[route] = task
+                # a changed profile's new upstream is sent a schema again
+                refused = self._shared.schema_refused
+                refused.difference_update([r for r in refused if r[0] == route.name])
+
+    async def _close_when_idle(self, route: Route) -> None:
+        await route.idle()
+        try:
+            await self._close_route(route)
+        finally:
+            self._retiring.pop(route, None)
+        log.info("model %s: the upstream of its previous configuration is closed", route.name)
+
+    async def _close_route(self, route: Route) -> None:
+        keeper = self._keepers.pop(route.upstream, None)
+        if keeper is not None:
+            await keeper.close()
+        await route.upstream.close()
+
     async def close(self) -> None:
-        """Stop the follow-ups still running (before the upstreams and the writer close)."""
+        """Stop the follow-ups still running, then close every upstream (before the writer
+        closes); a route still retiring is closed now."""
+        retiring = list(self._retiring.items())
+        for _, task in retiring:
+            task.cancel()
+        for _, task in retiring:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         for keeper in self._keepers.values():
             await keeper.close()
+        for route in [*self.live.routes.values(), *(r for r, _ in retiring)]:
+            await route.upstream.close()
 
     def structured_output_refused(self, upstream: Upstream) -> bool:
         """Whether this profile's upstream refused a schema in its form (for the process's life)."""

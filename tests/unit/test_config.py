@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from boundedcode_gateway.cli.main import main
-from boundedcode_gateway.config import load_config, parse_config
+from boundedcode_gateway.cli.main import CONFIG_ENV, config_source, main
+from boundedcode_gateway.config import ConfigSource, load_config, parse_config
 from boundedcode_gateway.errors import ConfigError
 
 GOOD = """\
@@ -99,3 +99,23 @@ def test_every_provider_kind_has_an_adapter() -> None:
     from boundedcode_gateway.providers.registry import FACTORIES
 
     assert set(FACTORIES) == set(get_args(ProviderKind))
+
+
+def test_the_source_is_chosen_once_and_read_again_each_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    embedded = config_source(None)
+    assert embedded == ConfigSource() and "local" in embedded.load().models
+    (tmp_path / "gateway.yaml").write_text(GOOD)
+    assert config_source(None) == ConfigSource(Path("gateway.yaml"))
+    assert embedded.load().models["local"].model_path is not None  # still the embedded one
+    named = tmp_path / "named.yaml"
+    monkeypatch.setenv(CONFIG_ENV, str(named))
+    source = config_source(None)
+    assert source == ConfigSource(named) and config_source("x.yaml") == ConfigSource(Path("x.yaml"))
+    named.write_text("max_body_mib: 1\n" + GOOD)
+    first = source.load()
+    named.write_text("max_body_mib: 2\n" + GOOD)
+    assert (first.max_body_mib, source.load().max_body_mib) == (1, 2)

@@ -12,7 +12,9 @@ from typing import Any
 import orjson
 import pytest
 
+from boundedcode_gateway.config import parse_config
 from boundedcode_gateway.errors import GatewayError, InternalError, ModelNotFound, StreamBroken
+from boundedcode_gateway.live_config import LiveConfig, Route
 from boundedcode_gateway.metering.meter import CLIENT_CLOSED, CallContext
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.policy import structured
@@ -50,6 +52,7 @@ class Pipeline:
     service: GatewayService
     server: ScriptedServer
     writer: RecordingWriter
+    http: HttpClient
 
     async def chat(self, **body: Any) -> JsonAnswer | StreamAnswer:
         ctx = CallContext.new("t", "agent_turn")
@@ -71,10 +74,12 @@ async def pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIter
     http = HttpClient(Timeouts(connect_s=5.0, read_s=5.0))
     writer = RecordingWriter()
     upstream = openai_upstream(server.url, http, monkeypatch)
-    service = GatewayService(
-        {"gpt": upstream}, http, writer, ReasoningStore(tmp_path, REASONING_FILES)
+    config = parse_config(
+        f"data_dir: {tmp_path}\nmodels: {{gpt: {{provider: local, external_url: {server.url}}}}}"
     )
-    yield Pipeline(service, server, writer)
+    live = LiveConfig(config, {"gpt": Route("gpt", upstream, ())})
+    service = GatewayService(live, http, writer, ReasoningStore(tmp_path, REASONING_FILES))
+    yield Pipeline(service, server, writer, http)
     await service.close()
     await http.close()
     await server.stop()
@@ -184,6 +189,27 @@ async def test_a_refused_schema_is_dropped_once_and_then_never_sent(pipeline: Pi
     assert "response_format" in sent[0]
     assert all("response_format" not in body for body in sent[1:])
     assert first.status == second.status == "ok"
+
+
+async def test_a_changed_profile_is_sent_a_schema_its_old_upstream_refused(
+    pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refusal = {"error": {"message": "'response_format' is not supported", "code": None}}
+    pipeline.server.queue(json_answer(400, refusal), json_answer(200, completion('{"n": 1}')))
+    await pipeline.chat(response_format=SCHEMA)
+    old = pipeline.service.live
+    changed = openai_upstream(pipeline.server.url, pipeline.http, monkeypatch, model="gpt-5.2")
+    pipeline.service.use(LiveConfig(old.config, {"gpt": Route("gpt", changed, ("new",))}))
+    pipeline.server.queue(json_answer(200, completion('{"n": 2}')))
+    await pipeline.chat(response_format=SCHEMA)
+    sent = pipeline.sent()[-1]
+    assert sent["model"] == "gpt-5.2" and "response_format" in sent
+    assert pipeline.writer.records[-1].structured_output == structured.SENT
+    for _ in range(100):  # the old route is closed: no call was left on it
+        if list(pipeline.service.routes()) == [pipeline.service.live.routes["gpt"]]:
+            break
+        await asyncio.sleep(0.01)
+    assert list(pipeline.service.routes()) == [pipeline.service.live.routes["gpt"]]
 
 
 async def test_an_error_answer_keeps_its_status_and_is_recorded(pipeline: Pipeline) -> None:

@@ -14,8 +14,9 @@ import pytest
 
 from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.budgets.book import BudgetBook
-from boundedcode_gateway.config import BudgetSettings, PriceSettings
+from boundedcode_gateway.config import BudgetSettings, PriceSettings, parse_config
 from boundedcode_gateway.errors import BudgetExceeded, ModelNotFound
+from boundedcode_gateway.live_config import LiveConfig, Route
 from boundedcode_gateway.metering.meter import CallContext
 from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
@@ -55,13 +56,14 @@ async def priced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
     writer = RecordingWriter()
     upstream = openai_upstream(server.url, http, monkeypatch)
     book = BudgetBook(None, lambda: datetime.now(UTC))
+    config = parse_config(
+        f"data_dir: {tmp_path}\nmodels: {{gpt: {{provider: local, external_url: {server.url},"
+        " price: {input_per_mtok: 2.0, output_per_mtok: 8.0}}}"
+    )
+    assert config.models["gpt"].price == PRICE
+    live = LiveConfig(config, {"gpt": Route("gpt", upstream, ())})
     service = GatewayService(
-        {"gpt": upstream},
-        http,
-        writer,
-        ReasoningStore(tmp_path, REASONING_FILES),
-        prices={"gpt": PRICE},
-        budgets=book,
+        live, http, writer, ReasoningStore(tmp_path, REASONING_FILES), budgets=book
     )
     yield Priced(service, server, writer, book)
     await service.close()

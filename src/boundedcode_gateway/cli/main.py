@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from importlib import resources
 from pathlib import Path
 
-from boundedcode_gateway.config import GatewayConfig, calls_path_in, load_config, parse_config
+from boundedcode_gateway.config import ConfigSource, calls_path_in
 from boundedcode_gateway.errors import ConfigError
 
 CONFIG_ENV = "BOUNDEDCODE_GATEWAY_CONFIG"
@@ -16,15 +15,15 @@ LOCAL_CONFIG = Path("gateway.yaml")
 EXIT_CONFIG = 2
 
 
-def resolve_config(path: str | None) -> GatewayConfig:
-    """``--config``, else $BOUNDEDCODE_GATEWAY_CONFIG, else ./gateway.yaml, else the default."""
+def config_source(path: str | None) -> ConfigSource:
+    """``--config``, else $BOUNDEDCODE_GATEWAY_CONFIG, else ./gateway.yaml, else the default
+    (chosen once: a reload reads the same one again)."""
     chosen = path or os.environ.get(CONFIG_ENV)
     if chosen:
-        return load_config(chosen)
+        return ConfigSource(Path(chosen))
     if LOCAL_CONFIG.is_file():
-        return load_config(LOCAL_CONFIG)
-    text = resources.files("boundedcode_gateway").joinpath("default_config.yaml").read_text()
-    return parse_config(text, "<embedded default>")
+        return ConfigSource(LOCAL_CONFIG)
+    return ConfigSource()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,11 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "report" and args.data_dir is not None:
         return _report(args, calls_path_in(args.data_dir))
     try:
-        config = resolve_config(args.config)
+        source = config_source(args.config)
+        config = source.load()
         if args.command == "serve":
             from boundedcode_gateway.cli.serve import run_serve
 
-            return run_serve(config, args.host, args.port)
+            return run_serve(config, args.host, args.port, source)
         if args.command == "llama-server":
             from boundedcode_gateway.cli.llama_server import run_print
 

@@ -1,7 +1,9 @@
-"""``boundedcode-gateway serve``: run the gateway under uvicorn until SIGINT/SIGTERM."""
+"""``boundedcode-gateway serve``: run the gateway under uvicorn until SIGINT/SIGTERM;
+SIGHUP reloads the configuration."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import signal
@@ -9,8 +11,8 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from boundedcode_gateway.app import create_app
-from boundedcode_gateway.config import GatewayConfig
+from boundedcode_gateway.app import GatewayApp, create_app
+from boundedcode_gateway.config import ConfigSource, GatewayConfig
 from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
 
 DEFAULT_HOST = "127.0.0.1"
@@ -28,29 +30,42 @@ def _loop() -> str:
 
 
 class _GatewayServer(uvicorn.Server):
-    """uvicorn, but a stop signal ends the process with status 0 once shutdown is done."""
+    """uvicorn, but a stop signal ends the process with status 0 once shutdown is done,
+    and SIGHUP reloads the gateway's configuration."""
+
+    def __init__(self, config: uvicorn.Config, app: GatewayApp) -> None:
+        super().__init__(config)
+        self.app = app
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         # uvicorn re-raises the captured signal after shutdown, which would turn a clean
         # stop into a death by signal; the first signal drains, a second one forces
         previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+        # runs inside the server's loop: the reload starts as a task on it
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(RELOAD_SIGNAL, self.app.reload_soon)
         try:
             yield
         finally:
+            loop.remove_signal_handler(RELOAD_SIGNAL)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+RELOAD_SIGNAL = signal.SIGHUP
 
 
-def run_serve(config: GatewayConfig, host: str, port: int) -> int:
-    """Serve until stopped; uvicorn turns SIGINT/SIGTERM into a graceful shutdown."""
+def run_serve(
+    config: GatewayConfig, host: str, port: int, source: ConfigSource | None = None
+) -> int:
+    """Serve until stopped; uvicorn turns SIGINT/SIGTERM into a graceful shutdown, and
+    SIGHUP reads ``source`` again."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    app = create_app(config)
+    app = create_app(config, source)
     server = _GatewayServer(
         uvicorn.Config(
             app,
@@ -66,7 +81,8 @@ def run_serve(config: GatewayConfig, host: str, port: int) -> int:
             proxy_headers=False,
             log_level="info",
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        )
+        ),
+        app,
     )
     server.run()
     return 0 if server.started else 1

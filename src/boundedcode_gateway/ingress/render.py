@@ -28,6 +28,13 @@ async def send_json(
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+async def send_body(send: Send, status: int, body: bytes, content_type: bytes) -> None:
+    """A complete answer of another content type, with its length."""
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
 async def send_error(send: Send, exc: GatewayError, close: bool = False) -> None:
     """OpenAI's error body with the error's status."""
     extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers.items()]

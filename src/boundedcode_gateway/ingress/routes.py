@@ -1,4 +1,5 @@
-"""The routes of the front, as plain ASGI: chat completions, models, health.
+"""The routes of the front, as plain ASGI: chat completions, models, health, and the
+operator's metrics and readiness.
 
 Reads and bounds the body, validates it, and hands it to the service. The
 caller's disconnect cancels the call. It must not talk to upstreams itself.
@@ -26,6 +27,7 @@ from boundedcode_gateway.ingress.render import (
     Receive,
     Send,
     end_stream,
+    send_body,
     send_chunk,
     send_error,
     send_json,
@@ -40,9 +42,13 @@ from boundedcode_gateway.ingress.validate import (
     requested_model,
 )
 from boundedcode_gateway.metering.meter import CallContext
+from boundedcode_gateway.operations.metrics import GatewayMetrics
+from boundedcode_gateway.operations.readiness import readiness
 from boundedcode_gateway.service import GatewayService, JsonAnswer, StreamAnswer
 
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+# the operator's view of the gateway, answered by ``Router._operations``
+OPERATIONS_PATHS = frozenset({"/metrics", "/ready"})
 TASK_HEADER = b"x-boundedcode-task"
 PURPOSE_HEADER = b"x-boundedcode-purpose"
 
@@ -103,9 +109,9 @@ def _no_caller(scope: dict[str, Any]) -> Caller | None:
 class Router:
     """Dispatches HTTP requests to the handlers."""
 
-    def __init__(self, service: GatewayService, max_body_bytes: int) -> None:
+    def __init__(self, service: GatewayService, metrics: GatewayMetrics) -> None:
         self.service = service
-        self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
         self.started_at = time.time()
         # who sent a request, from its scope (its credential): the caller its call is
         # metered and budgeted under; nobody unless the gateway authenticates callers
@@ -122,6 +128,8 @@ class Router:
                 await self._chat(scope, receive, send, path_task)
             elif path in ("/health", "/v1/health"):
                 await send_json(send, 200, b'{"status":"ok"}')
+            elif path in OPERATIONS_PATHS:
+                await self._operations(scope, send, path)
             elif path == "/v1/models":
                 await send_json(send, 200, orjson.dumps(await self._models()))
             elif path.startswith("/v1/models/"):
@@ -135,6 +143,17 @@ class Router:
         except Exception:
             # a fault outside a call's own handling (a chat call records its own)
             await send_error(send, internal_error(f"{method} {path}"))
+
+    async def _operations(self, scope: dict[str, Any], send: Send, path: str) -> None:
+        """``/metrics`` (Prometheus' text format) and ``/ready`` (200, or 503 naming each
+        profile that is not ready and why): one place for whatever may ask of the caller
+        (``scope``) before the gateway's own state is shown."""
+        if path == "/metrics":
+            body, content_type = self.metrics.exposition()
+            await send_body(send, 200, body, content_type.encode("latin-1"))
+            return
+        ready = await readiness(self.service.upstreams)
+        await send_json(send, ready.status, orjson.dumps(ready.to_json()))
 
     async def _models(self) -> dict[str, Any]:
         names = list(self.service.upstreams)
@@ -176,7 +195,7 @@ class Router:
     async def _chat(
         self, scope: dict[str, Any], receive: Receive, send: Send, path_task: str | None
     ) -> None:
-        raw = await read_request_body(scope, receive, self.max_body_bytes)
+        raw = await read_request_body(scope, receive, self.service.live.max_body_bytes)
         try:
             parsed: Any = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:

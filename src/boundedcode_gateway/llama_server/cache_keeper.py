@@ -170,7 +170,8 @@ class CacheKeeper:
         price: PriceSettings | None = None,
     ) -> None:
         self._profile = profile
-        self._price = price
+        # a reload may change it for the repairs that follow
+        self.price = price
         self._http = http
         self._root = server.root
         self._headers = server.headers
@@ -263,7 +264,7 @@ class CacheKeeper:
             self._writer,
             CallContext.new(call.task, REPAIR_PURPOSE),
             self._profile,
-            price=self._price,
+            price=self.price,
         )
         record = meter.record
         record.provider = "local"

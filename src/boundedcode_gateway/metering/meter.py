@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,7 +74,7 @@ class Meter:
     computed from them here, with the price of the profile the call was routed to.
     """
 
-    __slots__ = ("_done", "_price", "_writer", "ctx", "record")
+    __slots__ = ("_done", "_on_submit", "_price", "_writer", "ctx", "record")
 
     def __init__(
         self,
@@ -82,9 +83,12 @@ class Meter:
         model: str,
         messages: int = 0,
         price: PriceSettings | None = None,
+        on_submit: Callable[[], None] | None = None,
     ) -> None:
         self._writer = writer
         self._price = price
+        # the call is over once its record is submitted (the route counts it out)
+        self._on_submit = on_submit
         self.ctx = ctx
         self.record = CallRecord(
             call_id=ctx.call_id,
@@ -128,3 +132,5 @@ class Meter:
             decode_ms=r.decode_ms,
         )
         self._writer.submit(r)
+        if self._on_submit is not None:
+            self._on_submit()

@@ -36,7 +36,8 @@ class MeterWriter:
 
     Counters: ``written`` records that reached at least one sink, ``dropped`` records
     refused (queue full or writer closed), ``errors`` sink failures (one per failed
-    batch per sink, plus a failure to open the ledger).
+    batch per sink, plus a failure to open the ledger); ``queued`` records waiting.
+    Observers (``observe``) see each record as it is submitted.
     """
 
     def __init__(
@@ -57,6 +58,17 @@ class MeterWriter:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._failing: set[str] = set()  # sinks whose last write failed
+        self._observers: tuple[Callable[[CallRecord], None], ...] = ()
+
+    def observe(self, observer: Callable[[CallRecord], None]) -> None:
+        """Show every submitted record to ``observer`` (on the submitter's thread, the event
+        loop): it must be cheap and never raise. It sees records also with metering off."""
+        self._observers = (*self._observers, observer)
+
+    @property
+    def queued(self) -> int:
+        """Records accepted and not yet written (or given up)."""
+        return self._accepted - self._done
 
     def start(self) -> None:
         """Start the writer thread; starting twice is harmless."""
@@ -68,6 +80,11 @@ class MeterWriter:
 
     def submit(self, record: CallRecord) -> None:
         """Queue a record for writing; never blocks, never raises (drops when full)."""
+        for observer in self._observers:
+            try:
+                observer(record)
+            except Exception:
+                logger.exception("an observer of call records failed on %s", record.call_id)
         if not self.enabled:
             return
         with self._lock:

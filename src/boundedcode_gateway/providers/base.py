@@ -176,6 +176,16 @@ class Upstream(Protocol):
         """The server's cache to follow after each answer; None where it cannot be read."""
         ...
 
+    async def readiness(self) -> str | None:
+        """None when the profile can take calls now, else why not (cheap: at most one
+        short probe of the upstream, its answer kept for a moment)."""
+        ...
+
+    def server_restarts(self) -> int | None:
+        """How often the profile's managed llama-server was started again after it
+        exited; None for a profile without one."""
+        ...
+
     async def close(self) -> None:
         """Release what the adapter holds."""
         ...

@@ -33,14 +33,13 @@ REASONING_FILES: dict[str, str] = {
 }
 
 
-def build_upstreams(config: GatewayConfig, http: HttpClient) -> dict[str, Upstream]:
-    """One upstream per model profile; a kind without an adapter stops start-up (exit 2)."""
-    upstreams: dict[str, Upstream] = {}
-    for name, profile in config.models.items():
-        factory = FACTORIES.get(profile.provider)
-        if factory is None:
-            raise ConfigError(
-                f"models.{name}.provider: {profile.provider!r} is not available in this version"
-            )
-        upstreams[name] = factory(name, profile, config, http)
-    return upstreams
+def build_upstream(
+    name: str, profile: ModelProfile, config: GatewayConfig, http: HttpClient
+) -> Upstream:
+    """The upstream of one model profile; a kind without an adapter is a ``ConfigError``."""
+    factory = FACTORIES.get(profile.provider)
+    if factory is None:
+        raise ConfigError(
+            f"models.{name}.provider: {profile.provider!r} is not available in this version"
+        )
+    return factory(name, profile, config, http)

@@ -65,6 +65,15 @@ class TranslatingUpstream:
     ) -> Continuation | None:
         return None  # these APIs have no way to go on with an answer that broke off
 
+    async def readiness(self) -> str | None:
+        """Ready when its API key is set (the provider is not called to find out)."""
+        if self._profile.api_key() is None:
+            return f"the environment variable {self._profile.api_key_env} is not set"
+        return None
+
+    def server_restarts(self) -> int | None:
+        return None
+
     async def close(self) -> None:
         return None
 

@@ -59,6 +59,7 @@ from boundedcode_gateway.providers.openai_compat.template_checks import (
 from boundedcode_gateway.upstream.capabilities import Capabilities
 from boundedcode_gateway.upstream.http import HttpClient, read_body
 from boundedcode_gateway.upstream.metrics import CallMetrics
+from boundedcode_gateway.upstream.probe import ServerProbe
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,12 @@ class OpenAICompatUpstream:
         self._caps: Capabilities | None = None
         self._caps_lock = asyncio.Lock()
         self.managed = _managed_server(name, profile, config, http)
+        # a local server the gateway does not run: is it answering (for readiness)
+        self._probe = (
+            ServerProbe(self._server_root() + "/health", http, self._auth_headers)
+            if profile.provider == "local" and self.managed is None
+            else None
+        )
         self._budget = RetryBudget(profile.retry.max_attempts, profile.retry.max_total_s)
 
     @property
@@ -310,6 +317,24 @@ class OpenAICompatUpstream:
         return CacheServer(
             self._server_root, self._auth_headers, settings is None or settings.cache_repair
         )
+
+    async def readiness(self) -> str | None:
+        """A key the profile names is set; a managed server is healthy, another local
+        server answers its ``/health``."""
+        env = self._profile.api_key_env
+        if env and self._profile.api_key() is None:
+            return f"the environment variable {env} is not set"
+        if self.managed is not None:
+            if self.managed.ready:
+                return None
+            state = "restarting" if self.managed.restarts else "starting"
+            return f"its llama-server is {state}"
+        if self._probe is not None:
+            return await self._probe.check()
+        return None
+
+    def server_restarts(self) -> int | None:
+        return self.managed.restarts if self.managed is not None else None
 
     async def close(self) -> None:
         if self.managed is not None:

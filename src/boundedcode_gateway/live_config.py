@@ -1,0 +1,150 @@
+"""Everything the gateway derives from its configuration file, as one value swapped whole.
+
+``LiveConfig`` holds the configuration and what is built from it: one ``Route`` (the
+profile's upstream, and the calls on it) per model profile. A reload builds a new
+``LiveConfig`` next to the running one, keeping each route whose profile did not
+change (a managed llama-server keeps running); the service then serves new calls from
+the new one in a single assignment. Anything else derived from the configuration
+belongs here too, so that a reload swaps it with the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from boundedcode_gateway.config import GatewayConfig, ModelProfile, PriceSettings
+from boundedcode_gateway.providers.base import Upstream
+from boundedcode_gateway.providers.registry import build_upstream
+from boundedcode_gateway.upstream.http import HttpClient
+
+# settings read once at start: a reload that changes them names them in a warning
+RESTART_ONLY: tuple[tuple[str, ...], ...] = (
+    ("data_dir",),
+    ("ledger",),
+    ("metering",),
+    ("inference", "connect_timeout_s"),
+    ("inference", "read_timeout_s"),
+    ("limits",),
+)
+
+
+class Route:
+    """One model profile's upstream, what it was built from, and the calls on it now."""
+
+    __slots__ = ("_idle", "in_flight", "inputs", "name", "upstream")
+
+    def __init__(self, name: str, upstream: Upstream, inputs: tuple[object, ...]) -> None:
+        self.name = name
+        self.upstream = upstream
+        self.inputs = inputs
+        self.in_flight = 0
+        self._idle: asyncio.Event | None = None
+
+    def enter(self) -> None:
+        """A call on this route began (its record's submission ends it: ``leave``)."""
+        self.in_flight += 1
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def idle(self) -> None:
+        """Return once no call is on this route (new calls no longer reach a retired one)."""
+        if self.in_flight == 0:
+            return
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        await self._idle.wait()
+
+
+def profile_inputs(profile: ModelProfile, config: GatewayConfig) -> tuple[object, ...]:
+    """What a profile's upstream is built from: equal inputs, the same upstream."""
+    managed_binary = config.llama_server_bin if profile.model_path else None
+    # a new price must not restart a managed server: calls read it from the config
+    unpriced = profile.model_copy(update={"price": None})
+    return (unpriced, config.reasoning_history_for(profile), managed_binary)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveConfig:
+    """The configuration the gateway serves new calls from, and what was built from it."""
+
+    config: GatewayConfig
+    routes: Mapping[str, Route]
+
+    @property
+    def upstreams(self) -> dict[str, Upstream]:
+        return {name: route.upstream for name, route in self.routes.items()}
+
+    def price_of(self, model: str) -> PriceSettings | None:
+        """The price of a profile's calls (None: unpriced, or no such profile)."""
+        profile = self.config.models.get(model)
+        return profile.price if profile is not None else None
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.config.max_body_bytes
+
+
+def build_live_config(
+    config: GatewayConfig, http: HttpClient, previous: LiveConfig | None = None
+) -> LiveConfig:
+    """The routes of ``config``: those of ``previous`` whose inputs are unchanged, new
+    upstreams (built, not started) for the others. Raises ``ConfigError`` for a profile
+    that cannot be built; upstreams built before it hold nothing until started."""
+    routes: dict[str, Route] = {}
+    for name, profile in config.models.items():
+        inputs = profile_inputs(profile, config)
+        kept = previous.routes.get(name) if previous is not None else None
+        if kept is not None and kept.inputs == inputs:
+            routes[name] = kept
+        else:
+            routes[name] = Route(name, build_upstream(name, profile, config, http), inputs)
+    return LiveConfig(config, routes)
+
+
+def restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
+    """The settings that differ between two configurations but are read only at start."""
+    changed: list[str] = []
+    old_values, new_values = old.model_dump(), new.model_dump()
+    for path in RESTART_ONLY:
+        a, b = old_values, new_values
+        for key in path:
+            a, b = a[key], b[key]
+        if a != b:
+            changed.append(".".join(path))
+    return changed
+
+
+@dataclass(frozen=True, slots=True)
+class RouteChanges:
+    """How a new ``LiveConfig`` differs from the running one, by profile name."""
+
+    added: tuple[str, ...]
+    changed: tuple[str, ...]
+    removed: tuple[str, ...]
+    unchanged: tuple[str, ...]
+
+    def describe(self) -> str:
+        parts = [
+            f"{label} {', '.join(names)}"
+            for label, names in (
+                ("added", self.added),
+                ("changed", self.changed),
+                ("removed", self.removed),
+                ("unchanged", self.unchanged),
+            )
+            if names
+        ]
+        return "; ".join(parts)
+
+
+def route_changes(old: LiveConfig, new: LiveConfig) -> RouteChanges:
+    added = tuple(n for n in new.routes if n not in old.routes)
+    removed = tuple(n for n in old.routes if n not in new.routes)
+    changed = tuple(n for n, r in new.routes.items() if n in old.routes and old.routes[n] is not r)
+    unchanged = tuple(n for n, r in new.routes.items() if old.routes.get(n) is r)
+    return RouteChanges(added, changed, removed, unchanged)

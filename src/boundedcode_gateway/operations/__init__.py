@@ -1,0 +1,1 @@
+"""The operator's view of a running gateway: metrics, readiness, configuration reloads."""

@@ -1,0 +1,250 @@
+"""The gateway's Prometheus metrics (``GET /metrics``).
+
+Each call is counted from its record, as the meter writer is handed it (the
+observer runs on the event loop, once per call, never per chunk), so the counts
+are the ledger's. What is a state rather than an event (calls in flight, the
+metering queue, managed-server restarts) is read when scraped.
+
+Every label value is bounded: a model is a configured profile (any other name a
+caller sent is ``other``), a purpose one of the documented ones (else ``other``),
+an error code or resend cause one of the first ``MAX_CODES`` seen (then
+``other``). A caller's task id is never a label.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from typing import Protocol
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from boundedcode_gateway.live_config import Route
+from boundedcode_gateway.metering.records import CallRecord
+from boundedcode_gateway.metering.writer import MeterWriter
+from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
+
+PREFIX = "boundedcode_gateway"
+OTHER = "other"
+KNOWN_PURPOSES = frozenset(
+    {
+        "agent_turn",
+        "condenser",
+        "compaction",
+        "planner",
+        "contract",
+        "ambiguity_check",
+        "verification",
+        REPAIR_PURPOSE,
+    }
+)
+# error codes and resend causes come from the gateway's tree, but an upstream's own code
+# passes through: past this many distinct values a new one is counted as "other"
+MAX_CODES = 100
+CODE_FORM = re.compile(r"[a-z0-9_.-]{1,64}")
+# seconds; answers of language models take from milliseconds to minutes
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+TOKEN_KINDS = ("prompt", "cached", "evaluated", "completion")
+
+
+class RouteTable(Protocol):
+    """What the metrics read of the service: its routes and the profile names it knows."""
+
+    def routes(self) -> Iterator[Route]:
+        """The live routes, then those retiring."""
+        ...
+
+    def serves(self, model: str) -> bool:
+        """Whether ``model`` names a live or retiring profile."""
+        ...
+
+
+class _Series:
+    """The metric children of one (model, purpose), made once: ``labels()`` is not free."""
+
+    __slots__ = ("cost", "duration", "requests", "retried", "tokens", "ttft")
+
+    def __init__(self, metrics: GatewayMetrics, model: str, purpose: str) -> None:
+        self.duration = metrics.duration.labels(model, purpose)
+        self.ttft = metrics.ttft.labels(model, purpose)
+        self.tokens = tuple(metrics.tokens.labels(model, purpose, kind) for kind in TOKEN_KINDS)
+        self.cost = metrics.cost.labels(model, purpose)
+        self.retried = metrics.retried.labels(model, purpose)
+        self.requests: dict[tuple[int, str], Counter] = {}
+
+
+class GatewayMetrics:
+    """The registry of one gateway (not the process-wide default: several may share a
+    process) and the observer that counts each call's record into it."""
+
+    def __init__(self, routes: RouteTable, writer: MeterWriter) -> None:
+        self._routes = routes
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            f"{PREFIX}_requests",
+            "Calls ended, by HTTP status and error code (empty when the call succeeded)",
+            ["model", "purpose", "status", "code"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            f"{PREFIX}_request_duration_seconds",
+            "Time from a call's arrival to its end",
+            ["model", "purpose"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            f"{PREFIX}_time_to_first_token_seconds",
+            "Time from a call's arrival to its first answer token",
+            ["model", "purpose"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            f"{PREFIX}_tokens",
+            "Tokens of the calls: prompt, cached (of the prompt), evaluated, completion",
+            ["model", "purpose", "kind"],
+            registry=r,
+        )
+        self.cost = Counter(
+            f"{PREFIX}_cost_usd",
+            "What the calls cost, in USD (calls of a priced profile)",
+            ["model", "purpose"],
+            registry=r,
+        )
+        self.retried = Counter(
+            f"{PREFIX}_retried_requests",
+            "Calls whose answer broke off and was sent again or continued",
+            ["model", "purpose"],
+            registry=r,
+        )
+        self.resends = Counter(
+            f"{PREFIX}_resends",
+            "Sends of a call after its first, by what ended the send before",
+            ["model", "cause"],
+            registry=r,
+        )
+        self.reloads = Counter(
+            f"{PREFIX}_config_reloads",
+            "Configuration reloads, applied or refused",
+            ["result"],
+            registry=r,
+        )
+        r.register(_StateCollector(routes, writer))
+        self._series: dict[tuple[str, str], _Series] = {}
+        self._codes: set[str] = set()
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The text format's body and content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def reloaded(self, applied: bool) -> None:
+        self.reloads.labels("applied" if applied else "refused").inc()
+
+    def observe(self, r: CallRecord) -> None:
+        """Count one call from its record (as it is submitted)."""
+        model = r.model_profile if self._routes.serves(r.model_profile) else OTHER
+        purpose = r.purpose if r.purpose in KNOWN_PURPOSES else OTHER
+        series = self._series.get((model, purpose))
+        if series is None:
+            series = self._series[(model, purpose)] = _Series(self, model, purpose)
+        code = self._code(r.error_code) if r.error_code else ""
+        requests = series.requests.get((r.http_status, code))
+        if requests is None:
+            requests = self.requests.labels(model, purpose, str(r.http_status), code)
+            series.requests[(r.http_status, code)] = requests
+        requests.inc()
+        if r.total_ms is not None:
+            series.duration.observe(r.total_ms / 1000.0)
+        if r.ttft_ms is not None:
+            series.ttft.observe(r.ttft_ms / 1000.0)
+        counts = (r.prompt_tokens, r.cached_tokens, r.evaluated_tokens, r.completion_tokens)
+        for counter, count in zip(series.tokens, counts, strict=True):
+            if count:
+                counter.inc(count)
+        if r.cost_usd:
+            series.cost.inc(r.cost_usd)
+        if r.retried:
+            series.retried.inc()
+        # every attempt but the last was followed by another send
+        for attempt in r.attempt_log[:-1]:
+            self.resends.labels(model, self._cause(attempt)).inc()
+
+    def _cause(self, attempt: dict[str, object]) -> str:
+        code = attempt.get("code")
+        if isinstance(code, str) and code:
+            return self._code(code)
+        return self._code(f"http_{attempt.get('status')}")
+
+    def _code(self, code: str) -> str:
+        if code in self._codes:
+            return code
+        if len(self._codes) < MAX_CODES and CODE_FORM.fullmatch(code):
+            self._codes.add(code)
+            return code
+        return OTHER
+
+
+class _StateCollector(Collector):
+    """What is read when scraped: calls in flight, managed-server restarts, the metering
+    queue and its losses."""
+
+    def __init__(self, routes: RouteTable, writer: MeterWriter) -> None:
+        self._routes = routes
+        self._writer = writer
+
+    def collect(self) -> Iterable[Metric]:
+        in_flight = GaugeMetricFamily(
+            f"{PREFIX}_requests_in_flight",
+            "Calls begun and not yet ended (on a profile's live or retiring upstream)",
+            labels=["model"],
+        )
+        restarts = CounterMetricFamily(
+            f"{PREFIX}_llama_server_restarts",
+            "Times a profile's managed llama-server was started again after it exited",
+            labels=["model"],
+        )
+        calls: dict[str, int] = {}
+        restarted: dict[str, int] = {}
+        for route in self._routes.routes():
+            calls[route.name] = calls.get(route.name, 0) + route.in_flight
+            count = route.upstream.server_restarts()
+            if count is not None and route.name not in restarted:  # the live one comes first
+                restarted[route.name] = count
+        for name, count in calls.items():
+            in_flight.add_metric([name], count)
+        for name, count in restarted.items():
+            restarts.add_metric([name], count)
+        w = self._writer
+        yield in_flight
+        yield restarts
+        yield GaugeMetricFamily(
+            f"{PREFIX}_metering_queue_depth",
+            "Call records waiting for the meter writer",
+            value=w.queued,
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_metering_dropped_records",
+            "Call records refused by the meter writer (queue full, or closed)",
+            value=w.dropped,
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_metering_written_records",
+            "Call records written to the call log or the ledger",
+            value=w.written,
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_metering_errors",
+            "Failed writes of the call log or the ledger",
+            value=w.errors,
+        )
