@@ -8,6 +8,8 @@ import os
 from typing import Any
 
 from boundedcode_gateway import jsonl
+from boundedcode_gateway.access.authenticate import Authenticator
+from boundedcode_gateway.access.sites import SitePolicy
 from boundedcode_gateway.config import GatewayConfig
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.ingress.render import Receive, Send, send_error
@@ -24,6 +26,8 @@ from boundedcode_gateway.upstream.proxy import ProxySettings
 log = logging.getLogger(__name__)
 
 
+# where `serve` listens unless told otherwise
+DEFAULT_LISTEN_HOST = "127.0.0.1"
 # how much of the call log's end a start reads for the conversations' previous calls
 CONTINUITY_TAIL_BYTES = 8 * 1024 * 1024
 
@@ -31,7 +35,7 @@ CONTINUITY_TAIL_BYTES = 8 * 1024 * 1024
 class GatewayApp:
     """ASGI callable; ``startup()``/``shutdown()`` also run from the ASGI lifespan."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, listen_host: str = DEFAULT_LISTEN_HOST) -> None:
         self.config = config
         proxies = ProxySettings.from_environ(os.environ)
         if proxies.describe():
@@ -50,7 +54,12 @@ class GatewayApp:
         self.service = GatewayService(
             self.upstreams, self.http, self.writer, self.reasoning, continuity
         )
-        self.router = Router(self.service, config.max_body_bytes)
+        self.router = Router(
+            self.service,
+            config.max_body_bytes,
+            SitePolicy(listen_host, config.limits.allowed_hosts),
+            Authenticator(config.auth, os.environ) if config.auth is not None else None,
+        )
         self._started = False
 
     async def startup(self) -> None:
@@ -104,6 +113,10 @@ class GatewayApp:
                 return
 
 
-def create_app(config: GatewayConfig) -> GatewayApp:
-    """The gateway as an ASGI application for ``config``."""
-    return GatewayApp(config)
+def create_app(config: GatewayConfig, listen_host: str = DEFAULT_LISTEN_HOST) -> GatewayApp:
+    """The gateway as an ASGI application for ``config``, served on ``listen_host``.
+
+    ``listen_host`` is the address the server binds (``serve --host``): requests whose
+    ``Host`` names it are the gateway's own (docs/security.md).
+    """
+    return GatewayApp(config, listen_host)

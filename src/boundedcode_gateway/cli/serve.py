@@ -5,16 +5,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Iterator
 
 import uvicorn
 
-from boundedcode_gateway.app import create_app
+from boundedcode_gateway.access.listen import listen_refusal
+from boundedcode_gateway.app import DEFAULT_LISTEN_HOST, create_app
 from boundedcode_gateway.config import GatewayConfig
 from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
 
-DEFAULT_HOST = "127.0.0.1"
+DEFAULT_HOST = DEFAULT_LISTEN_HOST
 DEFAULT_PORT = 8780
+# serving was refused before anything started (the configuration does not allow it)
+EXIT_REFUSED = 2
 # in-flight calls get this long to finish (and be recorded) after a stop signal
 GRACEFUL_SHUTDOWN_S = 30
 
@@ -45,12 +49,19 @@ class _GatewayServer(uvicorn.Server):
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def run_serve(config: GatewayConfig, host: str, port: int) -> int:
-    """Serve until stopped; uvicorn turns SIGINT/SIGTERM into a graceful shutdown."""
+def run_serve(config: GatewayConfig, host: str, port: int, insecure_no_auth: bool = False) -> int:
+    """Serve until stopped; uvicorn turns SIGINT/SIGTERM into a graceful shutdown.
+
+    Off the loopback interface only with ``auth:`` (or ``--insecure-no-auth``).
+    """
+    refusal = listen_refusal(host, config.auth, insecure_no_auth)
+    if refusal is not None:
+        print(f"boundedcode-gateway serve: {refusal}", file=sys.stderr)
+        return EXIT_REFUSED
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    app = create_app(config)
+    app = create_app(config, listen_host=host)
     server = _GatewayServer(
         uvicorn.Config(
             app,

@@ -1,7 +1,8 @@
 """The routes of the front, as plain ASGI: chat completions, models, health.
 
-Reads and bounds the body, validates it, and hands it to the service. The
-caller's disconnect cancels the call. It must not talk to upstreams itself.
+Checks where a request comes from and who sends it (``access/``), reads and
+bounds the body, validates it, and hands it to the service. The caller's
+disconnect cancels the call. It must not talk to upstreams itself.
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway import discard
+from boundedcode_gateway.access.authenticate import Authenticator, check_model, metered_task
+from boundedcode_gateway.access.caller import Caller
+from boundedcode_gateway.access.sites import SitePolicy, check_json_body
 from boundedcode_gateway.errors import (
     BodyTooLarge,
+    Forbidden,
     GatewayError,
     InvalidRequest,
     ModelNotFound,
@@ -41,6 +46,8 @@ from boundedcode_gateway.metering.meter import CallContext
 from boundedcode_gateway.service import GatewayService, JsonAnswer, StreamAnswer
 
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+# liveness: answered to anyone, before any check (it tells nothing)
+HEALTH_PATHS = frozenset({"/health", "/v1/health"})
 TASK_HEADER = b"x-boundedcode-task"
 PURPOSE_HEADER = b"x-boundedcode-purpose"
 
@@ -62,6 +69,23 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
         if key == name:
             return str(value.decode("latin-1"))
     return None
+
+
+def _access_headers(
+    scope: dict[str, Any],
+) -> tuple[str | None, str | None, str | None, str | None]:
+    """(Host, Origin, Authorization, Content-Type), found in one pass over the headers."""
+    host = origin = authorization = content_type = None
+    for key, value in scope["headers"]:
+        if key == b"host":
+            host = value.decode("latin-1")
+        elif key == b"origin":
+            origin = value.decode("latin-1")
+        elif key == b"authorization":
+            authorization = value.decode("latin-1")
+        elif key == b"content-type":
+            content_type = value.decode("latin-1")
+    return host, origin, authorization, content_type
 
 
 def _chat_task(path: str) -> tuple[bool, str | None]:
@@ -97,26 +121,42 @@ async def read_request_body(scope: dict[str, Any], receive: Receive, limit: int)
 class Router:
     """Dispatches HTTP requests to the handlers."""
 
-    def __init__(self, service: GatewayService, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        service: GatewayService,
+        max_body_bytes: int,
+        sites: SitePolicy,
+        authenticator: Authenticator | None = None,
+    ) -> None:
         self.service = service
         self.max_body_bytes = max_body_bytes
+        self.sites = sites
+        # None: no ``auth:``, every request is answered without a caller
+        self.authenticator = authenticator
         self.started_at = time.time()
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
+        if path in HEALTH_PATHS:
+            await send_json(send, 200, b'{"status":"ok"}')
+            return
         is_chat, path_task = _chat_task(path)
         try:
+            host, origin, authorization, content_type = _access_headers(scope)
+            self.sites.check(host, origin)
+            caller = (
+                self.authenticator.caller(authorization) if self.authenticator is not None else None
+            )
             if is_chat:
                 if method != "POST":
                     raise MethodNotAllowed(f"Use POST for {path}")
-                await self._chat(scope, receive, send, path_task)
-            elif path in ("/health", "/v1/health"):
-                await send_json(send, 200, b'{"status":"ok"}')
+                check_json_body(content_type)
+                await self._chat(scope, receive, send, path_task, caller)
             elif path == "/v1/models":
-                await send_json(send, 200, orjson.dumps(await self._models()))
+                await send_json(send, 200, orjson.dumps(await self._models(caller)))
             elif path.startswith("/v1/models/"):
-                await send_json(send, 200, orjson.dumps(await self._model(path[11:])))
+                await send_json(send, 200, orjson.dumps(await self._model(path[11:], caller)))
             else:
                 raise NotFound(f"Unknown path: {method} {path}")
         except BodyTooLarge as exc:
@@ -127,13 +167,14 @@ class Router:
             # a fault outside a call's own handling (a chat call records its own)
             await send_error(send, internal_error(f"{method} {path}"))
 
-    async def _models(self) -> dict[str, Any]:
-        names = list(self.service.upstreams)
-        return {"object": "list", "data": [await self._model(n) for n in names]}
+    async def _models(self, caller: Caller | None) -> dict[str, Any]:
+        names = [n for n in self.service.upstreams if caller is None or caller.may_use(n)]
+        return {"object": "list", "data": [await self._model(n, caller) for n in names]}
 
-    async def _model(self, name: str) -> dict[str, Any]:
+    async def _model(self, name: str, caller: Caller | None) -> dict[str, Any]:
         upstream = self.service.upstreams.get(name)
-        if upstream is None:
+        # a model the caller may not use is not shown to exist
+        if upstream is None or (caller is not None and not caller.may_use(name)):
             raise ModelNotFound(f"The model '{name}' does not exist on this gateway", param="model")
         caps = (await upstream.capabilities()).to_json()
         if self.service.structured_output_refused(upstream):
@@ -147,7 +188,9 @@ class Router:
             "capabilities": caps,
         }
 
-    def _context(self, scope: dict[str, Any], path_task: str | None) -> CallContext:
+    def _context(
+        self, scope: dict[str, Any], path_task: str | None, caller: Caller | None
+    ) -> CallContext:
         header_task = _header(scope, TASK_HEADER)
         if path_task is not None and header_task is not None and header_task != path_task:
             raise InvalidRequest(
@@ -156,15 +199,36 @@ class Router:
                 code="invalid_task",
             )
         task = path_task if path_task is not None else header_task
+        if task is not None:
+            task = check_task(task)
+        if caller is not None:
+            task = metered_task(caller, task)
         purpose = _header(scope, PURPOSE_HEADER)
         return CallContext.new(
-            check_task(task) if task is not None else DEFAULT_TASK,
+            task if task is not None else DEFAULT_TASK,
             check_purpose(purpose) if purpose is not None else DEFAULT_PURPOSE,
             discard.header_declares(_header(scope, discard.HEADER)),
+            caller,
         )
 
+    @staticmethod
+    def _refused_context(
+        scope: dict[str, Any], path_task: str | None, caller: Caller | None
+    ) -> CallContext:
+        """The context a call refused before its own was made is recorded under."""
+        if caller is not None and caller.task is not None:
+            # a token's calls are metered under its task only, whatever they asked for
+            return CallContext.new(caller.task, DEFAULT_PURPOSE, caller=caller)
+        raw_task = path_task or _header(scope, TASK_HEADER) or DEFAULT_TASK
+        return CallContext.new(raw_task[:128], DEFAULT_PURPOSE, caller=caller)
+
     async def _chat(
-        self, scope: dict[str, Any], receive: Receive, send: Send, path_task: str | None
+        self,
+        scope: dict[str, Any],
+        receive: Receive,
+        send: Send,
+        path_task: str | None,
+        caller: Caller | None,
     ) -> None:
         raw = await read_request_body(scope, receive, self.max_body_bytes)
         try:
@@ -175,16 +239,17 @@ class Router:
             ) from None
         model = requested_model(parsed)
         try:
-            ctx = self._context(scope, path_task)
-        except InvalidRequest as exc:
+            ctx = self._context(scope, path_task, caller)
+        except (InvalidRequest, Forbidden) as exc:
             if model is not None:
-                raw_task = path_task or _header(scope, TASK_HEADER) or DEFAULT_TASK
-                ctx = CallContext.new(raw_task[:128], DEFAULT_PURPOSE)
-                self.service.record_rejected(ctx, model, exc)
+                refused = self._refused_context(scope, path_task, caller)
+                self.service.record_rejected(refused, model, exc)
             raise
         try:
+            if caller is not None and model is not None:
+                check_model(caller, model)
             body = check_chat_body(parsed)
-        except InvalidRequest as exc:
+        except (InvalidRequest, Forbidden) as exc:
             if model is not None:
                 self.service.record_rejected(ctx, model, exc)
             raise
