@@ -51,14 +51,16 @@ class Gateway:
     def url(self) -> str:
         return self.server.url
 
-    def client(self, task: str | None = None, purpose: str | None = None) -> openai.OpenAI:
+    def client(
+        self, task: str | None = None, purpose: str | None = None, api_key: str = "unused"
+    ) -> openai.OpenAI:
         headers = {}
         if task:
             headers["X-BoundedCode-Task"] = task
         if purpose:
             headers["X-BoundedCode-Purpose"] = purpose
         client = openai.OpenAI(
-            base_url=self.url + "/v1", api_key="unused", default_headers=headers, max_retries=0
+            base_url=self.url + "/v1", api_key=api_key, default_headers=headers, max_retries=0
         )
         self.clients.append(client)
         return client

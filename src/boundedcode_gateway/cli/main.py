@@ -110,9 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the console command."""
     args = _parser().parse_args(argv)
     if args.command == "chat":
-        from boundedcode_gateway.cli.chat import run_chat
+        from boundedcode_gateway.cli.chat import KEY_ENV, run_chat
 
-        return run_chat(args.url, args.model, args.history, args.message)
+        key = os.environ.get(KEY_ENV)
+        return run_chat(args.url, args.model, args.history, args.message, key)
     if args.command == "key":
         from boundedcode_gateway.cli.credentials import model_names, run_key_new
 
