@@ -202,12 +202,21 @@ def test_serve_listens_off_loopback_with_keys_or_when_told_to(
     app.router.sites.check("192.0.2.7:9", None)
 
 
-def test_serve_refusal_is_the_process_exit_code(upstreams: Upstreams, tmp_path: Path) -> None:
-    config = write_config(tmp_path, upstreams)
+def test_serve_refusal_is_the_process_exit_code(tmp_path: Path) -> None:
+    # a gateway that could not start anyway: should the check let it through, serve stops
+    # on the missing llama-server before it binds anything
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "data_dir": str(tmp_path / "data"),
+                "llama_server_bin": str(tmp_path / "no-llama-server"),
+                "models": {"local": {"provider": "local", "model_path": str(tmp_path / "m.gguf")}},
+            }
+        )
+    )
     done = subprocess.run(
-        [*SERVE, "--config", str(config), "--host", "0.0.0.0", "--port", "1"],
-        capture_output=True,
-        timeout=60,
+        [*SERVE, "--config", str(config), "--host", "0.0.0.0"], capture_output=True, timeout=60
     )
     assert done.returncode == 2
     assert b"boundedcode-gateway key new" in done.stderr
