@@ -302,7 +302,14 @@ def test_no_key_or_token_is_written_anywhere(
     # the signature alone would let no one in, but it is no one's business either
     secrets += [t.rsplit(".", 1)[1] for t in (valid, expired, forged)]
     out, err = capfd.readouterr()
+    sent_upstream = [
+        repr(r.headers).encode() + r.raw_body
+        for r in (*upstreams.llama.requests, *upstreams.openai.requests)
+    ]
+    assert sent_upstream
     for secret in secrets:
+        # the caller's credential is the gateway's business, not the upstream's
+        assert not any(secret.encode() in sent for sent in sent_upstream)
         for path in written:
             assert secret.encode() not in path.read_bytes(), path
         assert secret not in caplog.text and secret not in out and secret not in err
