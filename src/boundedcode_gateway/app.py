@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from boundedcode_gateway import jsonl
+from boundedcode_gateway.access.listen import listen_refusal
+from boundedcode_gateway.access.sites import DEFAULT_LISTEN_HOST
 from boundedcode_gateway.budgets.book import BudgetBook, budgets_configured
 from boundedcode_gateway.budgets.store import LedgerSpendStore, SpendStore
 from boundedcode_gateway.config import ConfigSource, GatewayConfig
@@ -37,6 +39,7 @@ from boundedcode_gateway.upstream.proxy import ProxySettings
 log = logging.getLogger(__name__)
 
 
+# where `serve` listens unless told otherwise
 # how much of the call log's end a start reads for the conversations' previous calls
 CONTINUITY_TAIL_BYTES = 8 * 1024 * 1024
 
@@ -53,9 +56,16 @@ class ReloadResult:
 class GatewayApp:
     """ASGI callable; ``startup()``/``shutdown()`` also run from the ASGI lifespan."""
 
-    def __init__(self, config: GatewayConfig, source: ConfigSource | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        source: ConfigSource | None = None,
+        listen_host: str = DEFAULT_LISTEN_HOST,
+    ) -> None:
         self.config = config
         self._source = source
+        # the address served: what requests may name as Host, kept across reloads
+        self.listen_host = listen_host
         proxies = ProxySettings.from_environ(os.environ)
         if proxies.describe():
             log.info("proxy: %s", proxies.describe())
@@ -76,7 +86,7 @@ class GatewayApp:
             LedgerSpendStore(config.ledger_path) if config.metering else None
         )
         self.service = GatewayService(
-            build_live_config(config, self.http),
+            build_live_config(config, self.http, listen_host=listen_host),
             self.http,
             self.writer,
             self.reasoning,
@@ -158,7 +168,8 @@ class GatewayApp:
                 if self._source is None:
                     return _refused("the gateway was not started from a configuration source")
                 config = await asyncio.to_thread(self._source.load)
-            new = build_live_config(config, self.http, old)
+            new = build_live_config(config, self.http, old, self.listen_host)
+            _check_listening(self.listen_host, old.config, config)
         except ConfigError as exc:
             return _refused(str(exc))
         changes = route_changes(old, new)
@@ -226,6 +237,15 @@ class GatewayApp:
                 return
 
 
+def _check_listening(host: str, old: GatewayConfig, new: GatewayConfig) -> None:
+    """A reload may not take ``auth:`` away from a gateway listening off loopback (one
+    started so with ``--insecure-no-auth`` had none to take)."""
+    if listen_refusal(host, old.auth, False) is None:
+        refusal = listen_refusal(host, new.auth, False)
+        if refusal is not None:
+            raise ConfigError(f"a reload cannot remove auth: {refusal}")
+
+
 def _refused(reason: str) -> ReloadResult:
     log.error("configuration not reloaded, the running one is kept: %s", reason)
     return ReloadResult(False, reason)
@@ -242,7 +262,12 @@ async def _start(routes: Iterable[Route]) -> None:
             log.warning("model %s: capabilities not known yet: %s", upstream.name, result)
 
 
-def create_app(config: GatewayConfig, source: ConfigSource | None = None) -> GatewayApp:
+def create_app(
+    config: GatewayConfig,
+    source: ConfigSource | None = None,
+    listen_host: str = DEFAULT_LISTEN_HOST,
+) -> GatewayApp:
     """The gateway as an ASGI application for ``config`` (read again from ``source`` on
-    each reload)."""
-    return GatewayApp(config, source)
+    each reload), served on ``listen_host``: the address the server binds (``serve
+    --host``); requests whose ``Host`` names it are the gateway's own (docs/security.md)."""
+    return GatewayApp(config, source, listen_host)

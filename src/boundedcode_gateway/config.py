@@ -6,14 +6,23 @@ keys (those are read from the environment when a call needs them).
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from boundedcode_gateway.errors import ConfigError
 from boundedcode_gateway.provider_kinds import KINDS, ProviderKind, kinds_that
@@ -24,6 +33,7 @@ ThinkingMode = Literal["enabled", "adaptive", "off"]
 EMBEDDED_DEFAULT = "<embedded default>"
 # the call log's file name inside the data directory
 CALLS_FILE = "calls.jsonl"
+_HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?\.?")
 ThinkingLevel = Literal["minimal", "low", "medium", "high", "xhigh", "max"]
 
 
@@ -140,6 +150,20 @@ class AuthSettings(_Strict):
             data = {**data, "keys": tuple(data["keys"])}
         return data
 
+    @model_validator(mode="after")
+    def _check_keys(self) -> AuthSettings:
+        if not self.keys and self.token_secret_env is None:
+            # an auth: that admits no one is a mistake, not a locked door
+            raise ValueError("'auth' needs at least one entry under 'keys' or a 'token_secret_env'")
+        for field in ("name", "sha256"):
+            seen: set[str] = set()
+            for key in self.keys:
+                value = getattr(key, field)
+                if value in seen:
+                    raise ValueError(f"two keys have the same {field} {value!r}")
+                seen.add(value)
+        return self
+
 
 class BudgetsSettings(_Strict):
     """``budgets:``: limits that apply to each task id on its own."""
@@ -152,6 +176,26 @@ class LimitsSettings(_Strict):
 
     idle_timeout_s: float = Field(default=30.0, gt=0)
     header_timeout_s: float = Field(default=10.0, gt=0)
+    # names the gateway is reached by besides loopback and its listening address (the
+    # Host and Origin checks, docs/security.md)
+    allowed_hosts: tuple[str, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _list_to_tuple(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("allowed_hosts"), list):
+            data = {**data, "allowed_hosts": tuple(data["allowed_hosts"])}
+        return data
+
+    @model_validator(mode="after")
+    def _check_hosts(self) -> LimitsSettings:
+        for host in self.allowed_hosts:
+            if not (_HOST_NAME.fullmatch(host) or _is_ip_address(host.strip("[]"))):
+                raise ValueError(
+                    f"allowed_hosts: {host!r} is not a host name or an IP address "
+                    "(no scheme, port or path)"
+                )
+        return self
 
 
 class ModelProfile(_Strict):
@@ -248,6 +292,14 @@ class GatewayConfig(_Strict):
     limits: LimitsSettings = LimitsSettings()
     models: dict[str, ModelProfile] = Field(min_length=1)
 
+    @field_validator("auth", mode="before")
+    @classmethod
+    def _auth_not_empty(cls, value: Any) -> Any:
+        # a bare "auth:" reads as null, which would leave the gateway open
+        if value is None:
+            raise ValueError("'auth' is empty; give it 'keys' or a 'token_secret_env'")
+        return value
+
     @model_validator(mode="after")
     def _check_ledger(self) -> GatewayConfig:
         if self.ledger is not None and not self.ledger.startswith("sqlite:///"):
@@ -280,6 +332,14 @@ class GatewayConfig(_Strict):
 def calls_path_in(data_dir: str | Path) -> Path:
     """The call log inside a data directory (``<data_dir>/calls.jsonl``)."""
     return Path(data_dir) / CALLS_FILE
+
+
+def _is_ip_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _quoted(names: list[str]) -> str:

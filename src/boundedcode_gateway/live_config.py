@@ -11,9 +11,12 @@ belongs here too, so that a reload swaps it with the rest.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from boundedcode_gateway.access.authenticate import Authenticator
+from boundedcode_gateway.access.sites import DEFAULT_LISTEN_HOST, SitePolicy
 from boundedcode_gateway.config import GatewayConfig, ModelProfile, PriceSettings
 from boundedcode_gateway.providers.base import Upstream
 from boundedcode_gateway.providers.registry import build_upstream
@@ -68,12 +71,20 @@ def profile_inputs(profile: ModelProfile, config: GatewayConfig) -> tuple[object
     return (unpriced, config.reasoning_history_for(profile), managed_binary)
 
 
+# what a configuration built without a listening address answers to: loopback only
+LOOPBACK_SITES = SitePolicy(DEFAULT_LISTEN_HOST)
+
+
 @dataclass(frozen=True, slots=True)
 class LiveConfig:
     """The configuration the gateway serves new calls from, and what was built from it."""
 
     config: GatewayConfig
     routes: Mapping[str, Route]
+    # the hosts requests may name (the listening address and ``limits.allowed_hosts``)
+    sites: SitePolicy = LOOPBACK_SITES
+    # who may call, from ``auth:``; None: every request is answered without a caller
+    authenticator: Authenticator | None = None
 
     @property
     def upstreams(self) -> dict[str, Upstream]:
@@ -90,11 +101,18 @@ class LiveConfig:
 
 
 def build_live_config(
-    config: GatewayConfig, http: HttpClient, previous: LiveConfig | None = None
+    config: GatewayConfig,
+    http: HttpClient,
+    previous: LiveConfig | None = None,
+    listen_host: str = DEFAULT_LISTEN_HOST,
+    environ: Mapping[str, str] = os.environ,
 ) -> LiveConfig:
     """The routes of ``config``: those of ``previous`` whose inputs are unchanged, new
-    upstreams (built, not started) for the others. Raises ``ConfigError`` for a profile
-    that cannot be built; upstreams built before it hold nothing until started."""
+    upstreams (built, not started) for the others; its callers' keys and the hosts it
+    answers to. Raises ``ConfigError`` for a profile that cannot be built, or a token
+    secret that cannot be read; upstreams built before it hold nothing until started."""
+    sites = SitePolicy(listen_host, config.limits.allowed_hosts)
+    authenticator = Authenticator(config.auth, environ) if config.auth is not None else None
     routes: dict[str, Route] = {}
     for name, profile in config.models.items():
         inputs = profile_inputs(profile, config)
@@ -103,7 +121,7 @@ def build_live_config(
             routes[name] = kept
         else:
             routes[name] = Route(name, build_upstream(name, profile, config, http), inputs)
-    return LiveConfig(config, routes)
+    return LiveConfig(config, routes, sites, authenticator)
 
 
 def restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:

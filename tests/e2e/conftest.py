@@ -21,7 +21,7 @@ from boundedcode_gateway.metering.calllog import read_calls
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fakes.openai_api import FakeOpenAI
-from tests.fakes.server import RunningServer, serve_in_thread, stop_all
+from tests.fakes.server import HOST, RunningServer, serve_in_thread, stop_all
 
 OPENAI_KEY = "sk-test-key-0123456789"
 COMPAT_KEY = "compat-key-9876543210"
@@ -51,14 +51,16 @@ class Gateway:
     def url(self) -> str:
         return self.server.url
 
-    def client(self, task: str | None = None, purpose: str | None = None) -> openai.OpenAI:
+    def client(
+        self, task: str | None = None, purpose: str | None = None, api_key: str = "unused"
+    ) -> openai.OpenAI:
         headers = {}
         if task:
             headers["X-BoundedCode-Task"] = task
         if purpose:
             headers["X-BoundedCode-Purpose"] = purpose
         client = openai.OpenAI(
-            base_url=self.url + "/v1", api_key="unused", default_headers=headers, max_retries=0
+            base_url=self.url + "/v1", api_key=api_key, default_headers=headers, max_retries=0
         )
         self.clients.append(client)
         return client
@@ -141,7 +143,8 @@ def start_gateway(tmp_path: Path) -> Iterator[GatewayFactory]:
     def start(models: dict[str, dict[str, Any]], **settings: Any) -> Gateway:
         data_dir = Path(settings.pop("data_dir", tmp_path / f"gw{len(running)}"))
         text = yaml.safe_dump({"data_dir": str(data_dir), **settings, "models": models})
-        app = create_app(parse_config(text))
+        # served on HOST, as `serve --host` tells the app where it listens
+        app = create_app(parse_config(text), listen_host=HOST)
         # the HTTP protocol `boundedcode-gateway serve` runs
         server = serve_in_thread(app, lifespan="on", http=GatheringHttpToolsProtocol)
         gw = Gateway(app, server, data_dir)

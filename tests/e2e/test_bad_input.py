@@ -118,7 +118,11 @@ def test_body_over_the_limit(upstreams: Upstreams, start_gateway: GatewayFactory
         err = error_of(post(http, big), 413, "request_too_large")
         assert "limit" in err["message"]
         # without a Content-Length the limit holds too
-        chunked = http.post("/v1/chat/completions", content=iter([orjson.dumps(big)]))
+        chunked = http.post(
+            "/v1/chat/completions",
+            content=iter([orjson.dumps(big)]),
+            headers={"content-type": "application/json"},
+        )
         error_of(chunked, 413, "request_too_large")
         still_serving(gw, http)
     assert len(gw.calls()) == 1

@@ -22,7 +22,7 @@ import openai
 import pytest
 import yaml
 
-from boundedcode_gateway.access.caller import Caller
+from boundedcode_gateway.access.keys import key_digest
 from boundedcode_gateway.metering.calllog import read_calls
 from boundedcode_gateway.metering.ledger import Ledger
 from boundedcode_gateway.metering.records import CallRecord
@@ -59,29 +59,11 @@ def expected_cost(row: dict[str, Any], price: dict[str, float]) -> float:
 
 
 def key(name: str, budget: dict[str, Any] | None = None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"name": name, "sha256": "0" * 64, "models": ["*"]}
+    # the key is the caller's name: tests send the name as their api_key
+    entry: dict[str, Any] = {"name": name, "sha256": key_digest(name), "models": ["*"]}
     if budget is not None:
         entry["budget"] = budget
     return entry
-
-
-def identify_by_name(gw: Gateway) -> None:
-    """Callers by the key name they send as their bearer token (what authentication will
-    find from the key itself)."""
-    auth = gw.app.config.auth
-    assert auth is not None
-    callers = {
-        k.name: Caller(k.name, "key", frozenset(k.models), k.admin, None, k.budget)
-        for k in auth.keys
-    }
-
-    def identify(scope: dict[str, Any]) -> Caller | None:
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                return callers.get(value.decode().removeprefix("Bearer "))
-        return None
-
-    gw.app.router.identify = identify
 
 
 def start(
@@ -93,7 +75,6 @@ def start(
     if keys is not None:
         settings["auth"] = {"keys": keys}
     gw = start_gateway(upstreams.profiles, **settings)
-    identify_by_name(gw)
     return gw
 
 

@@ -34,7 +34,7 @@ ASGIApp = Callable[
     Awaitable[None],
 ]
 
-_HOST = "127.0.0.1"
+HOST = "127.0.0.1"
 
 
 class _ThreadServer(uvicorn.Server):
@@ -57,8 +57,8 @@ class RunningServer:
         self._server = server
         self._thread = thread
         self.port = port
-        self.host = _HOST
-        self.url = f"{scheme}://{_HOST}:{port}"
+        self.host = HOST
+        self.url = f"{scheme}://{HOST}:{port}"
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask uvicorn to exit, then join the thread; force the exit if it lingers."""
@@ -104,7 +104,7 @@ def serve_in_thread(
     """
     config = uvicorn.Config(
         app,
-        host=_HOST,
+        host=HOST,
         port=0,
         loop="asyncio",
         http=http,

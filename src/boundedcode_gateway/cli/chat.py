@@ -4,7 +4,8 @@ Streams answers; while a local server reads a long prompt it shows one live
 line — "reading the conversation: 3.1k of 7.8k new tokens" — replaced by the
 answer when generation starts. It declares that it understands the discard
 event: when a broken answer is sent again, what was shown of it is erased and
-only the new answer is kept in the history.
+only the new answer is kept in the history. A gateway with caller keys is sent the
+key in ``$BOUNDEDCODE_GATEWAY_KEY`` (a key or a task token).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import orjson
 
 from boundedcode_gateway.discard import HEADER_NAME as DISCARD_HEADER
 
+# the caller key (or task token) the chat sends, when the gateway has auth:
+KEY_ENV = "BOUNDEDCODE_GATEWAY_KEY"
 CLEAR_LINE = "\r\033[K"
 ERASE_BELOW = "\033[J"
 RESTART_NOTICE = "(the answer broke off; it starts again)"
@@ -65,41 +68,48 @@ def load_history(path: str | None) -> list[dict[str, Any]]:
 class GatewayClient:
     """Plain HTTP/1.1 to the gateway; one connection per request."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, api_key: str | None = None) -> None:
         parts = urlsplit(url)
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
         self.prefix = parts.path.rstrip("/")
+        # Connection: close hands the socket to the response, closed once it is read
+        self.headers = {
+            "Content-Type": "application/json",
+            "Connection": "close",
+            DISCARD_HEADER: "1",
+        }
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
 
     def _request(self, method: str, path: str, body: Any = None) -> http.client.HTTPResponse:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=None)
         payload = orjson.dumps(body) if body is not None else None
-        headers = {"Content-Type": "application/json", DISCARD_HEADER: "1"}
-        conn.request(method, self.prefix + path, body=payload, headers=headers)
+        conn.request(method, self.prefix + path, body=payload, headers=self.headers)
         return conn.getresponse()
 
     def prompt_progress(self, model: str) -> bool:
-        resp = self._request("GET", f"/v1/models/{model}")
-        info = orjson.loads(resp.read())
+        with self._request("GET", f"/v1/models/{model}") as resp:
+            info = orjson.loads(resp.read())
         if resp.status != 200:
             raise SystemExit(info.get("error", {}).get("message", f"HTTP {resp.status}"))
         return bool(info["capabilities"]["prompt_progress"])
 
     def stream(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """The chunks of a streamed answer; an error answer is raised as ``RuntimeError``."""
-        resp = self._request("POST", "/v1/chat/completions", body)
-        if resp.status != 200:
-            raise RuntimeError(orjson.loads(resp.read())["error"]["message"])
-        while line := resp.readline():
-            if not line.startswith(b"data: "):
-                continue
-            data = line[6:].strip()
-            if data == b"[DONE]":
-                return
-            chunk = orjson.loads(data)
-            if "error" in chunk:
-                raise RuntimeError(chunk["error"]["message"])
-            yield chunk
+        with self._request("POST", "/v1/chat/completions", body) as resp:
+            if resp.status != 200:
+                raise RuntimeError(orjson.loads(resp.read())["error"]["message"])
+            while line := resp.readline():
+                if not line.startswith(b"data: "):
+                    continue
+                data = line[6:].strip()
+                if data == b"[DONE]":
+                    return
+                chunk = orjson.loads(data)
+                if "error" in chunk:
+                    raise RuntimeError(chunk["error"]["message"])
+                yield chunk
 
 
 class AnswerView:
@@ -179,9 +189,15 @@ def _inputs(messages: list[str] | None) -> Iterator[str]:
             yield line
 
 
-def run_chat(url: str, model: str, history_file: str | None, messages: list[str] | None) -> int:
+def run_chat(
+    url: str,
+    model: str,
+    history_file: str | None,
+    messages: list[str] | None,
+    api_key: str | None = None,
+) -> int:
     """The chat loop: read, send with the history, stream the answer, keep it."""
-    client = GatewayClient(url)
+    client = GatewayClient(url, api_key)
     progress = client.prompt_progress(model)
     history = load_history(history_file)
     for text in _inputs(messages):

@@ -35,6 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="YAML configuration file")
     serve.add_argument("--host", default=DEFAULT_HOST)
     serve.add_argument("--port", type=int, default=DEFAULT_PORT)
+    serve.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="allow an address off the loopback interface without auth: (anyone there may call)",
+    )
     check = sub.add_parser("check-config", help="validate a configuration file and exit")
     check.add_argument("--config")
     llama = sub.add_parser("llama-server", help="show the llama-server a profile runs")
@@ -59,7 +64,27 @@ def _parser() -> argparse.ArgumentParser:
     budgets = sub.add_parser("budgets", help="print what each budget has spent and has left")
     budgets.add_argument("--config")
     _report_parser(sub)
+    _credential_parsers(sub)
     return parser
+
+
+def _credential_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    key = sub.add_parser("key", help="caller keys")
+    key_sub = key.add_subparsers(dest="key_command", required=True)
+    new = key_sub.add_parser(
+        "new", help="make a caller key: print it once, with the configuration lines that admit it"
+    )
+    new.add_argument("--name", required=True, help="what the call log shows for its calls")
+    new.add_argument(
+        "--models", default="*", help="comma-separated model names it may use (default: all)"
+    )
+    new.add_argument("--admin", action="store_true")
+    token = sub.add_parser("token", help="mint a token for one task (a sandbox's credential)")
+    token.add_argument("--task", required=True)
+    token.add_argument("--models", required=True, help="comma-separated model names it may use")
+    token.add_argument("--ttl", required=True, help="how long it is valid: 90s, 30m, 2h, 7d")
+    token.add_argument("--budget-tokens", type=int, help="the token budget it carries")
+    token.add_argument("--config")
 
 
 def _report_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -86,9 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the console command."""
     args = _parser().parse_args(argv)
     if args.command == "chat":
-        from boundedcode_gateway.cli.chat import run_chat
+        from boundedcode_gateway.cli.chat import KEY_ENV, run_chat
 
-        return run_chat(args.url, args.model, args.history, args.message)
+        key = os.environ.get(KEY_ENV)
+        return run_chat(args.url, args.model, args.history, args.message, key)
+    if args.command == "key":
+        from boundedcode_gateway.cli.credentials import model_names, run_key_new
+
+        return run_key_new(args.name, model_names(args.models), args.admin)
     if args.command == "report" and args.data_dir is not None:
         return _report(args, calls_path_in(args.data_dir))
     try:
@@ -97,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             from boundedcode_gateway.cli.serve import run_serve
 
-            return run_serve(config, args.host, args.port, source)
+            return run_serve(config, args.host, args.port, source, args.insecure_no_auth)
         if args.command == "llama-server":
             from boundedcode_gateway.cli.llama_server import run_print
 
@@ -111,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
             from boundedcode_gateway.cli.budgets import run_budgets
 
             return run_budgets(config)
+        if args.command == "token":
+            from boundedcode_gateway.cli.credentials import model_names, run_token
+
+            models = model_names(args.models)
+            return run_token(config, args.task, models, args.ttl, args.budget_tokens)
         from boundedcode_gateway.cli.calls import run_calls
 
         return run_calls(config.ledger_path, config.calls_path, args.task, args.last)

@@ -7,16 +7,21 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Iterator
 
 import uvicorn
 
+from boundedcode_gateway.access.listen import listen_refusal
+from boundedcode_gateway.access.sites import DEFAULT_LISTEN_HOST
 from boundedcode_gateway.app import GatewayApp, create_app
 from boundedcode_gateway.config import ConfigSource, GatewayConfig
 from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
 
-DEFAULT_HOST = "127.0.0.1"
+DEFAULT_HOST = DEFAULT_LISTEN_HOST
 DEFAULT_PORT = 8780
+# serving was refused before anything started (the configuration does not allow it)
+EXIT_REFUSED = 2
 # in-flight calls get this long to finish (and be recorded) after a stop signal
 GRACEFUL_SHUTDOWN_S = 30
 
@@ -58,14 +63,25 @@ RELOAD_SIGNAL = signal.SIGHUP
 
 
 def run_serve(
-    config: GatewayConfig, host: str, port: int, source: ConfigSource | None = None
+    config: GatewayConfig,
+    host: str,
+    port: int,
+    source: ConfigSource | None = None,
+    insecure_no_auth: bool = False,
 ) -> int:
     """Serve until stopped; uvicorn turns SIGINT/SIGTERM into a graceful shutdown, and
-    SIGHUP reads ``source`` again."""
+    SIGHUP reads ``source`` again.
+
+    Off the loopback interface only with ``auth:`` (or ``--insecure-no-auth``).
+    """
+    refusal = listen_refusal(host, config.auth, insecure_no_auth)
+    if refusal is not None:
+        print(f"boundedcode-gateway serve: {refusal}", file=sys.stderr)
+        return EXIT_REFUSED
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    app = create_app(config, source)
+    app = create_app(config, source, listen_host=host)
     server = _GatewayServer(
         uvicorn.Config(
             app,

@@ -1,23 +1,26 @@
 """The routes of the front, as plain ASGI: chat completions, models, health, and the
 operator's metrics and readiness.
 
-Reads and bounds the body, validates it, and hands it to the service. The
-caller's disconnect cancels the call. It must not talk to upstreams itself.
+Checks where a request comes from and who sends it (``access/``), reads and
+bounds the body, validates it, and hands it to the service. The caller's
+disconnect cancels the call. It must not talk to upstreams itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from boundedcode_gateway import discard
+from boundedcode_gateway.access.authenticate import check_model, metered_task
 from boundedcode_gateway.access.caller import Caller
+from boundedcode_gateway.access.sites import check_json_body
 from boundedcode_gateway.errors import (
     BodyTooLarge,
+    Forbidden,
     GatewayError,
     InvalidRequest,
     ModelNotFound,
@@ -49,6 +52,8 @@ from boundedcode_gateway.service import GatewayService, JsonAnswer, StreamAnswer
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 # the operator's view of the gateway, answered by ``Router._operations``
 OPERATIONS_PATHS = frozenset({"/metrics", "/ready"})
+# liveness: answered to anyone, before any check (it tells nothing)
+HEALTH_PATHS = frozenset({"/health", "/v1/health"})
 TASK_HEADER = b"x-boundedcode-task"
 PURPOSE_HEADER = b"x-boundedcode-purpose"
 
@@ -70,6 +75,23 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
         if key == name:
             return str(value.decode("latin-1"))
     return None
+
+
+def _access_headers(
+    scope: dict[str, Any],
+) -> tuple[str | None, str | None, str | None, str | None]:
+    """(Host, Origin, Authorization, Content-Type), found in one pass over the headers."""
+    host = origin = authorization = content_type = None
+    for key, value in scope["headers"]:
+        if key == b"host":
+            host = value.decode("latin-1")
+        elif key == b"origin":
+            origin = value.decode("latin-1")
+        elif key == b"authorization":
+            authorization = value.decode("latin-1")
+        elif key == b"content-type":
+            content_type = value.decode("latin-1")
+    return host, origin, authorization, content_type
 
 
 def _chat_task(path: str) -> tuple[bool, str | None]:
@@ -102,10 +124,6 @@ async def read_request_body(scope: dict[str, Any], receive: Receive, limit: int)
             return b"".join(parts)
 
 
-def _no_caller(scope: dict[str, Any]) -> Caller | None:
-    return None
-
-
 class Router:
     """Dispatches HTTP requests to the handlers."""
 
@@ -113,27 +131,32 @@ class Router:
         self.service = service
         self.metrics = metrics
         self.started_at = time.time()
-        # who sent a request, from its scope (its credential): the caller its call is
-        # metered and budgeted under; nobody unless the gateway authenticates callers
-        self.identify: Callable[[dict[str, Any]], Caller | None] = _no_caller
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
+        if path in HEALTH_PATHS:
+            await send_json(send, 200, b'{"status":"ok"}')
+            return
         is_chat, path_task = _chat_task(path)
         try:
+            host, origin, authorization, content_type = _access_headers(scope)
+            # one configuration for the whole request, whatever a reload does meanwhile
+            live = self.service.live
+            live.sites.check(host, origin)
+            authenticator = live.authenticator
+            caller = authenticator.caller(authorization) if authenticator is not None else None
             if is_chat:
                 if method != "POST":
                     raise MethodNotAllowed(f"Use POST for {path}")
-                await self._chat(scope, receive, send, path_task)
-            elif path in ("/health", "/v1/health"):
-                await send_json(send, 200, b'{"status":"ok"}')
+                check_json_body(content_type)
+                await self._chat(scope, receive, send, path_task, caller)
             elif path in OPERATIONS_PATHS:
-                await self._operations(scope, send, path)
+                await self._operations(send, path, caller)
             elif path == "/v1/models":
-                await send_json(send, 200, orjson.dumps(await self._models()))
+                await send_json(send, 200, orjson.dumps(await self._models(caller)))
             elif path.startswith("/v1/models/"):
-                await send_json(send, 200, orjson.dumps(await self._model(path[11:])))
+                await send_json(send, 200, orjson.dumps(await self._model(path[11:], caller)))
             else:
                 raise NotFound(f"Unknown path: {method} {path}")
         except BodyTooLarge as exc:
@@ -144,10 +167,11 @@ class Router:
             # a fault outside a call's own handling (a chat call records its own)
             await send_error(send, internal_error(f"{method} {path}"))
 
-    async def _operations(self, scope: dict[str, Any], send: Send, path: str) -> None:
+    async def _operations(self, send: Send, path: str, caller: Caller | None) -> None:
         """``/metrics`` (Prometheus' text format) and ``/ready`` (200, or 503 naming each
-        profile that is not ready and why): one place for whatever may ask of the caller
-        (``scope``) before the gateway's own state is shown."""
+        profile that is not ready and why): with ``auth:``, for an admin key only."""
+        if caller is not None and not caller.admin:
+            raise Forbidden(f"{path} is for an admin key", code="admin_required")
         if path == "/metrics":
             body, content_type = self.metrics.exposition()
             await send_body(send, 200, body, content_type.encode("latin-1"))
@@ -155,13 +179,14 @@ class Router:
         ready = await readiness(self.service.upstreams)
         await send_json(send, ready.status, orjson.dumps(ready.to_json()))
 
-    async def _models(self) -> dict[str, Any]:
-        names = list(self.service.upstreams)
-        return {"object": "list", "data": [await self._model(n) for n in names]}
+    async def _models(self, caller: Caller | None) -> dict[str, Any]:
+        names = [n for n in self.service.upstreams if caller is None or caller.may_use(n)]
+        return {"object": "list", "data": [await self._model(n, caller) for n in names]}
 
-    async def _model(self, name: str) -> dict[str, Any]:
+    async def _model(self, name: str, caller: Caller | None) -> dict[str, Any]:
         upstream = self.service.upstreams.get(name)
-        if upstream is None:
+        # a model the caller may not use is not shown to exist
+        if upstream is None or (caller is not None and not caller.may_use(name)):
             raise ModelNotFound(f"The model '{name}' does not exist on this gateway", param="model")
         caps = (await upstream.capabilities()).to_json()
         if self.service.structured_output_refused(upstream):
@@ -175,7 +200,9 @@ class Router:
             "capabilities": caps,
         }
 
-    def _context(self, scope: dict[str, Any], path_task: str | None) -> CallContext:
+    def _context(
+        self, scope: dict[str, Any], path_task: str | None, caller: Caller | None
+    ) -> CallContext:
         header_task = _header(scope, TASK_HEADER)
         if path_task is not None and header_task is not None and header_task != path_task:
             raise InvalidRequest(
@@ -184,16 +211,36 @@ class Router:
                 code="invalid_task",
             )
         task = path_task if path_task is not None else header_task
+        if task is not None:
+            task = check_task(task)
+        if caller is not None:
+            task = metered_task(caller, task)
         purpose = _header(scope, PURPOSE_HEADER)
         return CallContext.new(
-            check_task(task) if task is not None else DEFAULT_TASK,
+            task if task is not None else DEFAULT_TASK,
             check_purpose(purpose) if purpose is not None else DEFAULT_PURPOSE,
             discard.header_declares(_header(scope, discard.HEADER)),
-            self.identify(scope),
+            caller,
         )
 
+    @staticmethod
+    def _refused_context(
+        scope: dict[str, Any], path_task: str | None, caller: Caller | None
+    ) -> CallContext:
+        """The context a call refused before its own was made is recorded under."""
+        if caller is not None and caller.task is not None:
+            # a token's calls are metered under its task only, whatever they asked for
+            return CallContext.new(caller.task, DEFAULT_PURPOSE, caller=caller)
+        raw_task = path_task or _header(scope, TASK_HEADER) or DEFAULT_TASK
+        return CallContext.new(raw_task[:128], DEFAULT_PURPOSE, caller=caller)
+
     async def _chat(
-        self, scope: dict[str, Any], receive: Receive, send: Send, path_task: str | None
+        self,
+        scope: dict[str, Any],
+        receive: Receive,
+        send: Send,
+        path_task: str | None,
+        caller: Caller | None,
     ) -> None:
         raw = await read_request_body(scope, receive, self.service.live.max_body_bytes)
         try:
@@ -204,16 +251,17 @@ class Router:
             ) from None
         model = requested_model(parsed)
         try:
-            ctx = self._context(scope, path_task)
-        except InvalidRequest as exc:
+            ctx = self._context(scope, path_task, caller)
+        except (InvalidRequest, Forbidden) as exc:
             if model is not None:
-                raw_task = path_task or _header(scope, TASK_HEADER) or DEFAULT_TASK
-                ctx = CallContext.new(raw_task[:128], DEFAULT_PURPOSE)
-                self.service.record_rejected(ctx, model, exc)
+                refused = self._refused_context(scope, path_task, caller)
+                self.service.record_rejected(refused, model, exc)
             raise
         try:
+            if caller is not None and model is not None:
+                check_model(caller, model)
             body = check_chat_body(parsed)
-        except InvalidRequest as exc:
+        except (InvalidRequest, Forbidden) as exc:
             if model is not None:
                 self.service.record_rejected(ctx, model, exc)
             raise

@@ -1,0 +1,107 @@
+"""Who is calling: the ``Authorization`` header → a ``Caller``, or a 401.
+
+Built once from ``auth:`` (the keys' digests, the token secret read from its
+environment variable at start-up) and asked once per request. A refusal never
+repeats the credential it was given.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+
+from boundedcode_gateway.access.caller import Caller
+from boundedcode_gateway.access.keys import KeyRing
+from boundedcode_gateway.access.tokens import TokenError, is_token, secret_bytes, verify_task_token
+from boundedcode_gateway.config import AuthSettings
+from boundedcode_gateway.errors import ConfigError, Forbidden, Unauthenticated
+
+BEARER = "bearer "
+
+
+def token_secret(auth: AuthSettings, environ: Mapping[str, str]) -> bytes | None:
+    """The token secret from the variable ``auth.token_secret_env`` names; None when unnamed.
+
+    Named but unset, or too short, is a ``ConfigError``: the configuration says tokens
+    are in use, and a gateway that refused every one of them would fail only later.
+    """
+    name = auth.token_secret_env
+    if name is None:
+        return None
+    value = environ.get(name)
+    if not value:
+        raise ConfigError(f"auth.token_secret_env: the environment variable {name} is not set")
+    try:
+        return secret_bytes(value)
+    except TokenError as exc:
+        raise ConfigError(f"auth.token_secret_env: {name}: {exc}") from None
+
+
+class Authenticator:
+    """The configured keys and token secret; ``caller()`` per request."""
+
+    __slots__ = ("_clock", "_keys", "_secret")
+
+    def __init__(
+        self,
+        auth: AuthSettings,
+        environ: Mapping[str, str] = os.environ,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._keys = KeyRing(auth.keys)
+        self._secret = token_secret(auth, environ)
+        self._clock = clock
+
+    def caller(self, authorization: str | None) -> Caller:
+        """The caller a ``Bearer`` credential stands for, or ``Unauthenticated``."""
+        try:
+            return self._caller(authorization)
+        except Unauthenticated as exc:
+            # RFC 6750: a 401 names the scheme the client should use
+            exc.headers["WWW-Authenticate"] = "Bearer"
+            raise
+
+    def _caller(self, authorization: str | None) -> Caller:
+        if authorization is None:
+            raise Unauthenticated(
+                "No API key given: send it as 'Authorization: Bearer <key>' (the api_key of "
+                "the OpenAI SDK or LiteLLM)"
+            )
+        if authorization[: len(BEARER)].lower() != BEARER:
+            raise Unauthenticated("The Authorization header must be 'Bearer <key>'")
+        credential = authorization[len(BEARER) :].strip()
+        if is_token(credential):
+            if self._secret is None:
+                raise Unauthenticated("This gateway does not accept task tokens")
+            return verify_task_token(self._secret, credential, self._clock()).caller()
+        caller = self._keys.find(credential)
+        if caller is None:
+            raise Unauthenticated("Invalid API key")
+        return caller
+
+
+def check_model(caller: Caller, model: str) -> None:
+    """A 403 when the caller's credential does not list ``model``."""
+    if not caller.may_use(model):
+        raise Forbidden(
+            f"The caller '{caller.name}' may not use the model '{model}'",
+            param="model",
+            code="model_not_allowed",
+        )
+
+
+def metered_task(caller: Caller, task: str | None) -> str | None:
+    """The task a call is metered under: a token's own when the request names none.
+
+    A token used for a task other than its own is a 403.
+    """
+    if caller.task is None:
+        return task
+    if task is not None and task != caller.task:
+        raise Forbidden(
+            f"The task token is for task '{caller.task}', not '{task}'",
+            param="X-BoundedCode-Task",
+            code="task_mismatch",
+        )
+    return caller.task

@@ -1,0 +1,63 @@
+"""The auth: and limits.allowed_hosts settings: what loads, and each mistake named."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from boundedcode_gateway.config import parse_config
+from boundedcode_gateway.errors import ConfigError
+
+MODELS = "models: {local: {provider: local, external_url: 'http://127.0.0.1:8080'}}\n"
+DIGEST = "ab" * 32
+
+
+def test_keys_and_hosts_load() -> None:
+    config = parse_config(
+        "auth:\n"
+        "  token_secret_env: GW_SECRET\n"
+        "  keys:\n"
+        f"    - {{name: ci, sha256: '{DIGEST}', models: [local]}}\n"
+        "limits:\n"
+        "  allowed_hosts: [gw.corp.internal, 10.0.0.5, '[fd00::1]', 'fd00::2']\n" + MODELS
+    )
+    assert config.auth is not None and config.auth.keys[0].models == ("local",)
+    assert config.limits.allowed_hosts == ("gw.corp.internal", "10.0.0.5", "[fd00::1]", "fd00::2")
+    assert parse_config(MODELS).auth is None
+    assert parse_config(MODELS).limits.allowed_hosts == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("auth:\n", "auth: 'auth' is empty"),
+        (
+            "auth: {}\n",
+            "auth: 'auth' needs at least one entry under 'keys' or a 'token_secret_env'",
+        ),
+        (
+            "auth:\n  keys:\n"
+            f"    - {{name: ci, sha256: '{DIGEST}', models: [local]}}\n"
+            f"    - {{name: ci, sha256: '{'cd' * 32}', models: [local]}}\n",
+            "two keys have the same name 'ci'",
+        ),
+        (
+            "auth:\n  keys:\n"
+            f"    - {{name: a, sha256: '{DIGEST}', models: [local]}}\n"
+            f"    - {{name: b, sha256: '{DIGEST}', models: [local]}}\n",
+            "two keys have the same sha256",
+        ),
+        (
+            f"auth:\n  keys:\n    - {{name: ci, sha256: '{DIGEST.upper()}', models: [local]}}\n",
+            "auth.keys.0.sha256: String should match pattern",
+        ),
+        ("limits: {allowed_hosts: ['http://gw.lan']}\n", "is not a host name or an IP address"),
+        ("limits: {allowed_hosts: ['gw.lan:8780']}\n", "is not a host name or an IP address"),
+        ("limits: {allowed_hosts: ['10.0.0.5:8780']}\n", "is not a host name or an IP address"),
+        ("limits: {allowed_hosts: ['*']}\n", "is not a host name or an IP address"),
+    ],
+)
+def test_mistakes_are_named(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_config(text + MODELS)
