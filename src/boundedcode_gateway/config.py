@@ -146,8 +146,12 @@ class BudgetsSettings(_Strict):
 class LimitsSettings(_Strict):
     """``limits:``: what a caller's connection may hold and for how long."""
 
+    # a kept-alive connection between requests, and a body that stops arriving
     idle_timeout_s: float = Field(default=30.0, gt=0)
+    # from the connection's start (or a request's first byte) to the end of its headers
     header_timeout_s: float = Field(default=10.0, gt=0)
+    # the request line and headers together; more is a 431
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
 
 
 class ModelProfile(_Strict):

@@ -16,7 +16,7 @@ import yaml
 
 from boundedcode_gateway.app import GatewayApp, create_app
 from boundedcode_gateway.config import parse_config
-from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
+from boundedcode_gateway.ingress.server import protocol_for
 from boundedcode_gateway.metering.calllog import read_calls
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 from tests.fakes.llama_server import FakeLlamaServer
@@ -141,9 +141,10 @@ def start_gateway(tmp_path: Path) -> Iterator[GatewayFactory]:
     def start(models: dict[str, dict[str, Any]], **settings: Any) -> Gateway:
         data_dir = Path(settings.pop("data_dir", tmp_path / f"gw{len(running)}"))
         text = yaml.safe_dump({"data_dir": str(data_dir), **settings, "models": models})
-        app = create_app(parse_config(text))
-        # the HTTP protocol `boundedcode-gateway serve` runs
-        server = serve_in_thread(app, lifespan="on", http=GatheringHttpToolsProtocol)
+        config = parse_config(text)
+        app = create_app(config)
+        # the HTTP protocol `boundedcode-gateway serve` runs, with the configuration's limits
+        server = serve_in_thread(app, lifespan="on", http=protocol_for(config.limits))
         gw = Gateway(app, server, data_dir)
         running.append(gw)
         return gw

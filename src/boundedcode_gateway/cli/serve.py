@@ -11,7 +11,7 @@ import uvicorn
 
 from boundedcode_gateway.app import create_app
 from boundedcode_gateway.config import GatewayConfig
-from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
+from boundedcode_gateway.ingress.server import protocol_for
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8780
@@ -57,8 +57,9 @@ def run_serve(config: GatewayConfig, host: str, port: int) -> int:
             host=host,
             port=port,
             loop=_loop(),
-            # uvicorn's httptools protocol, its writes gathered per loop turn
-            http=GatheringHttpToolsProtocol,
+            # uvicorn's httptools protocol, its writes gathered per loop turn, with the
+            # connection limits of `limits:` (its keep-alive timeout among them)
+            http=protocol_for(config.limits),
             lifespan="on",
             access_log=False,
             # the gateway never reads the caller's address: no X-Forwarded-* rewriting
