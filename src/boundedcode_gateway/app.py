@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from typing import Any
 
 from boundedcode_gateway import jsonl
 from boundedcode_gateway.config import GatewayConfig
-from boundedcode_gateway.errors import GatewayError
+from boundedcode_gateway.errors import GatewayError, internal_error
 from boundedcode_gateway.ingress.render import Receive, Send, send_error
 from boundedcode_gateway.ingress.routes import Router
 from boundedcode_gateway.metering.writer import MeterWriter
@@ -84,9 +85,20 @@ class GatewayApp:
                     send, GatewayError("the gateway is starting", code="starting", status=503)
                 )
                 return
-            await self.router(scope, receive, send)
+            await self._route(scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
+
+    async def _route(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """The router, under a last catch-all: a fault that escapes it is still answered in
+        OpenAI's shape (uvicorn's own answer would be a text/plain 500)."""
+        try:
+            await self.router(scope, receive, send)
+        except Exception:
+            error = internal_error(f"{scope.get('method')} {scope.get('path')}")
+            # once the answer has begun, uvicorn refuses a second start: nothing more to say
+            with contextlib.suppress(Exception):
+                await send_error(send, error)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

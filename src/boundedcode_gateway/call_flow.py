@@ -17,6 +17,7 @@ from typing import Any
 from boundedcode_gateway import discard
 from boundedcode_gateway.attempts import AttemptLog, Attempts
 from boundedcode_gateway.errors import GatewayError, StreamBroken, UpstreamFailure
+from boundedcode_gateway.json_values import raise_if_too_deep
 from boundedcode_gateway.llama_server.cache_keeper import AnsweredCall, CacheKeeper
 from boundedcode_gateway.metering.meter import Meter, derived_ttft
 from boundedcode_gateway.policy import structured
@@ -133,7 +134,11 @@ class CallFlow:
     async def _build(self) -> ChatCall:
         """Everything the upstream's request is made from, in one value."""
         ctx, upstream, body = self._meter.ctx, self._upstream, self._caller_body
-        self._changed = self._shared.history.observe(ctx.task, ctx.purpose, body["messages"])
+        try:
+            self._changed = self._shared.history.observe(ctx.task, ctx.purpose, body["messages"])
+        except TypeError:
+            raise_if_too_deep(body)
+            raise
         caps = await upstream.capabilities()
         if self._keeper is not None:
             self._keeper.call_started()
@@ -180,7 +185,11 @@ class CallFlow:
         return await self._send_once(call, with_schema)
 
     async def _send_once(self, call: ChatCall, with_schema: bool) -> JsonAnswer | StreamAnswer:
-        prepared = self._upstream.prepare(call, send_schema=with_schema)
+        try:
+            prepared = self._upstream.prepare(call, send_schema=with_schema)
+        except TypeError:
+            raise_if_too_deep(call.body)
+            raise
         self._adjustments.update(prepared.adjustments)
         self._sent = prepared.body
         attempts = Attempts(self._shared.http, self._upstream, prepared, self._log)

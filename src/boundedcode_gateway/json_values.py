@@ -1,8 +1,17 @@
-"""Checks of values read from JSON: Python's ``bool`` is an ``int``, JSON's ``true`` is not."""
+"""Checks of values read from JSON: Python's ``bool`` is an ``int``, JSON's ``true`` is not;
+and how deep a caller's JSON may be nested."""
 
 from __future__ import annotations
 
 from typing import Any, TypeGuard
+
+from boundedcode_gateway.errors import InvalidRequest
+
+# JSON nested deeper than this is refused where the gateway cannot encode it again: orjson
+# reads up to 1024 levels but writes at most 254, and the adapters nest a little further
+NESTING_LIMIT = 200
+# how much of a too-deep field's path the error names
+_NESTING_PARAM_PARTS = 4
 
 
 def is_int(value: Any) -> TypeGuard[int]:
@@ -18,3 +27,42 @@ def is_number(value: Any) -> TypeGuard[int | float]:
 def int_or_none(value: Any) -> int | None:
     """The value if it is an integer (not a boolean), else None."""
     return value if is_int(value) else None
+
+
+def nesting_error(body: Any, limit: int = NESTING_LIMIT) -> InvalidRequest | None:
+    """The 400 for a body nested more than ``limit`` levels deep, naming where; else None.
+
+    A walk over every container: run only once encoding the body has failed, never on
+    the way of a call that succeeds.
+    """
+    stack: list[tuple[Any, int, tuple[str, ...]]] = [(body, 1, ())]
+    while stack:
+        value, depth, path = stack.pop()
+        if depth > limit:
+            param = "".join(path[:_NESTING_PARAM_PARTS]).lstrip(".")
+            return InvalidRequest(
+                f"Invalid '{param}': JSON nested more than {limit} levels deep.",
+                param=param,
+                code="nested_too_deeply",
+            )
+        if isinstance(value, dict):
+            stack.extend(
+                (v, depth + 1, (*path, f".{k}"))
+                for k, v in value.items()
+                if isinstance(v, dict | list)
+            )
+        elif isinstance(value, list):
+            stack.extend(
+                (v, depth + 1, (*path, f"[{i}]"))
+                for i, v in enumerate(value)
+                if isinstance(v, dict | list)
+            )
+    return None
+
+
+def raise_if_too_deep(body: Any) -> None:
+    """After encoding ``body`` failed (orjson raises a plain ``TypeError``): its 400 when it
+    is nested too deep; otherwise the failure is the gateway's own and is left to raise."""
+    error = nesting_error(body)
+    if error is not None:
+        raise error from None

@@ -1,0 +1,196 @@
+"""Bodies an attacker sends: deep nesting, tool calls whose function is not an object, keys
+that are not ASCII. Each is an OpenAI-shaped 400 naming the field (or an answer), recorded,
+and the gateway keeps serving; a fault that escapes the routes is still an OpenAI-shaped 500."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from boundedcode_gateway.ingress.render import Receive, Send
+from tests.e2e.conftest import Gateway
+
+HELLO: list[Any] = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture
+def http(gateway: Gateway) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gateway.url, timeout=20) as client:
+        yield client
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def post_raw(http: httpx.Client, raw: bytes) -> httpx.Response:
+    return http.post(
+        "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
+    )
+
+
+def error_of(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"] == "application/json"
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code
+    return error  # type: ignore[no-any-return]
+
+
+def still_serving(gateway: Gateway, http: httpx.Client) -> None:
+    assert http.get("/health").json() == {"status": "ok"}
+    reply = gateway.client().chat.completions.create(model="local", messages=HELLO)
+    assert reply.choices[0].message.content
+
+
+@pytest.mark.parametrize("model", ["local", "gpt"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("depth", [255, 300, 600, 1000])
+@pytest.mark.parametrize(
+    ("where", "param"),
+    [
+        ('"messages":[{"role":"user","content":"hi","x":%s}]', "messages[0].x[0]"),
+        (
+            '"messages":[{"role":"user","content":"hi"}],'
+            '"tools":[{"type":"function","function":{"name":"f","parameters":%s}}]',
+            "tools[0].function.parameters",
+        ),
+        ('"messages":[{"role":"user","content":"hi"}],"extra":%s', "extra[0][0][0]"),
+    ],
+    ids=["in-a-message", "in-a-tool", "in-an-extra-field"],
+)
+def test_deep_nesting_is_a_400_naming_the_field(
+    gateway: Gateway,
+    http: httpx.Client,
+    model: str,
+    stream: bool,
+    depth: int,
+    where: str,
+    param: str,
+) -> None:
+    fields = where % nested(depth)
+    raw = f'{{"model":"{model}","stream":{str(stream).lower()},{fields}}}'.encode()
+    error = error_of(post_raw(http, raw), 400, "nested_too_deeply")
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    still_serving(gateway, http)
+    refused = gateway.calls()[0]
+    assert (refused["model_profile"], refused["http_status"], refused["error_code"]) == (
+        model,
+        400,
+        "nested_too_deeply",
+    )
+    assert refused["attempts"] == 0  # nothing was sent upstream
+
+
+def test_nesting_orjson_will_not_read_is_invalid_json(gateway: Gateway, http: httpx.Client) -> None:
+    raw = f'{{"model":"local","messages":[{{"role":"user","content":"hi","x":{nested(1100)}}}]}}'
+    error_of(post_raw(http, raw.encode()), 400, "invalid_json")
+    still_serving(gateway, http)
+
+
+def test_deep_nesting_through_the_sdk(gateway: Gateway) -> None:
+    deep: Any = []
+    for _ in range(299):
+        deep = [deep]
+    with pytest.raises(openai.BadRequestError) as caught:
+        gateway.client().chat.completions.create(
+            model="gpt", messages=HELLO, extra_body={"extra": deep}
+        )
+    assert caught.value.code == "nested_too_deeply"
+    assert caught.value.param == "extra[0][0][0]"
+
+
+FUNCTION_NOT_AN_OBJECT = [
+    (
+        {
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "a", "type": "function", "function": "x"}],
+                },
+                {"role": "tool", "tool_call_id": "a", "content": "r"},
+            ]
+        },
+        "messages[1].tool_calls[0].function",
+    ),
+    (
+        {
+            "messages": HELLO,
+            "tools": [{"type": "function", "function": {"name": "x"}}],
+            "tool_choice": {"type": "function", "function": "x"},
+        },
+        "tool_choice.function",
+    ),
+    ({"messages": HELLO, "tools": [{"type": "function", "function": ["x"]}]}, "tools[0].function"),
+]
+
+
+@pytest.mark.parametrize("model", ["local", "other", "gpt", "glm"])
+@pytest.mark.parametrize(("fields", "param"), FUNCTION_NOT_AN_OBJECT)
+def test_a_function_that_is_not_an_object_is_a_400(
+    gateway: Gateway, http: httpx.Client, model: str, fields: dict[str, Any], param: str
+) -> None:
+    resp = post_raw(http, orjson.dumps({"model": model, **fields}))
+    error = error_of(resp, 400, "invalid_type")
+    assert error["param"] == param
+    still_serving(gateway, http)
+    assert gateway.calls()[0]["http_status"] == 400
+
+
+def test_a_function_that_is_not_an_object_through_the_sdk(gateway: Gateway) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        gateway.client().chat.completions.create(
+            model="gpt",
+            messages=HELLO,
+            # the SDK's own types would not let it through: as a caller that builds dicts
+            extra_body={
+                "tools": [{"type": "function", "function": {"name": "x"}}],
+                "tool_choice": {"type": "function", "function": "x"},
+            },
+        )
+    assert caught.value.param == "tool_choice.function"
+
+
+@pytest.mark.parametrize("model", ["local", "gpt"])
+def test_keys_that_are_not_ascii_are_answered(
+    gateway: Gateway, http: httpx.Client, model: str
+) -> None:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "hi", "é": "ü"}],
+        "metadata": {"ключ": "値"},
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "f",
+                    "parameters": {"type": "object", "properties": {"名前": {"type": "string"}}},
+                },
+            }
+        ],
+    }
+    resp = post_raw(http, orjson.dumps(body))
+    assert resp.status_code == 200, resp.text
+    still_serving(gateway, http)
+
+
+def test_a_fault_that_escapes_the_routes_is_an_openai_shaped_500(
+    gateway: Gateway, http: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        raise RuntimeError("a bug outside the routes' own handling")
+
+    monkeypatch.setattr(gateway.app, "router", broken)
+    resp = http.get("/health")
+    error = error_of(resp, 500, "internal_error")
+    assert "a bug" not in error["message"]
+    assert "GET /health" in error["message"]
