@@ -11,6 +11,7 @@ from typing import Any
 from boundedcode_gateway import jsonl
 from boundedcode_gateway.config import GatewayConfig
 from boundedcode_gateway.errors import GatewayError, internal_error
+from boundedcode_gateway.ingress.body import BodyParser
 from boundedcode_gateway.ingress.render import Receive, Send, send_error
 from boundedcode_gateway.ingress.routes import Router
 from boundedcode_gateway.metering.writer import MeterWriter
@@ -51,7 +52,8 @@ class GatewayApp:
         self.service = GatewayService(
             self.upstreams, self.http, self.writer, self.reasoning, continuity
         )
-        self.router = Router(self.service, config.max_body_bytes)
+        self.body_parser = BodyParser(config.limits.max_parsing_bytes)
+        self.router = Router(self.service, config.max_body_bytes, self.body_parser)
         self._started = False
 
     async def startup(self) -> None:
@@ -76,6 +78,7 @@ class GatewayApp:
         await self.http.close()
         await asyncio.to_thread(self.writer.close)
         await asyncio.to_thread(self.reasoning.close)
+        self.body_parser.close()
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         kind = scope["type"]

@@ -152,6 +152,12 @@ class LimitsSettings(_Strict):
     header_timeout_s: float = Field(default=10.0, gt=0)
     # the request line and headers together; more is a 431
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    # request bodies over 1 MiB being parsed at once (off the loop); more wait their turn
+    max_parsing_mib: float = Field(default=32.0, gt=0)
+
+    @property
+    def max_parsing_bytes(self) -> int:
+        return int(self.max_parsing_mib * 1024 * 1024)
 
 
 class ModelProfile(_Strict):

@@ -4,6 +4,8 @@ and the gateway keeps serving; a fault that escapes the routes is still an OpenA
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -194,3 +196,37 @@ def test_a_fault_that_escapes_the_routes_is_an_openai_shaped_500(
     error = error_of(resp, 500, "internal_error")
     assert "a bug" not in error["message"]
     assert "GET /health" in error["message"]
+
+
+def test_health_is_answered_while_a_huge_body_parses(gateway: Gateway, http: httpx.Client) -> None:
+    """32 MiB of empty arrays: some 25 times that in memory once parsed, and a second or more
+    of parsing that used to hold the loop the whole time."""
+    head = b'{"model":"missing","messages":[{"role":"user","content":"hi"}],"x":['
+    count = (32 * 1024 * 1024 - 1024 - len(head)) // 3
+    raw = head + b"[]," * (count - 1) + b"[]]}"
+    answered: list[float] = []  # when each /health answer arrived
+    done = threading.Event()
+
+    def poll() -> None:
+        with httpx.Client(base_url=gateway.url, timeout=30) as client:
+            while not done.is_set():
+                assert client.get("/health").status_code == 200
+                answered.append(time.monotonic())
+                time.sleep(0.01)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        started = time.monotonic()
+        resp = post_raw(http, raw)
+        ended = time.monotonic()
+    finally:
+        done.set()
+        poller.join(30)
+    error_of(resp, 404, "model_not_found")
+    during = [t for t in answered if started < t < ended]
+    # the loop answered all along, not once the body was parsed
+    assert len(during) >= 5, (len(during), ended - started)
+    gaps = [b - a for a, b in zip([started, *during], [*during, ended], strict=True)]
+    assert max(gaps) < (ended - started) * 0.75
+    assert gateway.calls()[0]["model_profile"] == "missing"

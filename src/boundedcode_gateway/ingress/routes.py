@@ -20,6 +20,7 @@ from boundedcode_gateway.errors import (
     ModelNotFound,
     internal_error,
 )
+from boundedcode_gateway.ingress.body import BodyParser
 from boundedcode_gateway.ingress.render import (
     Receive,
     Send,
@@ -97,9 +98,12 @@ async def read_request_body(scope: dict[str, Any], receive: Receive, limit: int)
 class Router:
     """Dispatches HTTP requests to the handlers."""
 
-    def __init__(self, service: GatewayService, max_body_bytes: int) -> None:
+    def __init__(
+        self, service: GatewayService, max_body_bytes: int, body_parser: BodyParser | None = None
+    ) -> None:
         self.service = service
         self.max_body_bytes = max_body_bytes
+        self.body_parser = body_parser or BodyParser(max_body_bytes)
         self.started_at = time.time()
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -167,12 +171,7 @@ class Router:
         self, scope: dict[str, Any], receive: Receive, send: Send, path_task: str | None
     ) -> None:
         raw = await read_request_body(scope, receive, self.max_body_bytes)
-        try:
-            parsed: Any = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidRequest(
-                f"The request body is not valid JSON: {exc}", code="invalid_json"
-            ) from None
+        parsed: Any = await self.body_parser.parse(raw)
         model = requested_model(parsed)
         try:
             ctx = self._context(scope, path_task)
