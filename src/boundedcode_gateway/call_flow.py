@@ -35,6 +35,7 @@ from boundedcode_gateway.providers.base import ChatCall, RequestOptions, Upstrea
 from boundedcode_gateway.reasoning_store.keys import keys_for, text_of
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.relay import StreamRelay
+from boundedcode_gateway.text import clip
 from boundedcode_gateway.upstream.http import HttpClient, read_body
 from boundedcode_gateway.upstream.metrics import CallMetrics
 
@@ -343,6 +344,7 @@ class CallFlow:
             r.evaluated_tokens = metrics.evaluated_tokens
             r.prefill_ms = metrics.prefill_ms
             r.decode_ms = metrics.decode_ms
-            r.finish_reason = metrics.finish_reason
+            # the upstream's own words, bounded as a caller's are
+            r.finish_reason = clip(metrics.finish_reason) if metrics.finish_reason else None
             if metrics.upstream_model:
-                r.upstream_model = metrics.upstream_model
+                r.upstream_model = clip(metrics.upstream_model)

@@ -20,6 +20,7 @@ from boundedcode_gateway.policy.cache_misses import ContinuityTable
 from boundedcode_gateway.policy.history_diff import HistoryTracker
 from boundedcode_gateway.providers.base import Upstream
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
+from boundedcode_gateway.text import clip
 from boundedcode_gateway.upstream.http import HttpClient
 
 __all__ = ["GatewayService", "JsonAnswer", "StreamAnswer"]
@@ -56,7 +57,7 @@ class GatewayService:
             upstream = self.upstreams.get(model)
             if upstream is None:
                 raise ModelNotFound(
-                    f"The model '{model}' does not exist on this gateway", param="model"
+                    f"The model '{clip(model)}' does not exist on this gateway", param="model"
                 )
             flow = CallFlow(self._shared, meter, upstream, self.keeper(upstream), body)
             answer = await flow.run()

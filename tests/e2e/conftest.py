@@ -19,6 +19,7 @@ from boundedcode_gateway.config import parse_config
 from boundedcode_gateway.ingress.server import protocol_for
 from boundedcode_gateway.metering.calllog import read_calls
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
+from tests.fakes.canned import CannedUpstream
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fakes.openai_api import FakeOpenAI
 from tests.fakes.server import RunningServer, serve_in_thread, stop_all
@@ -154,6 +155,15 @@ def start_gateway(tmp_path: Path) -> Iterator[GatewayFactory]:
         for client in gw.clients:
             client.close()
     stop_all([gw.server for gw in running])
+
+
+@pytest.fixture
+def canned() -> Iterator[CannedUpstream]:
+    """An upstream that answers with exactly what the test queues (tests/fakes/canned.py)."""
+    upstream = CannedUpstream()
+    with serve_in_thread(upstream.app) as server:
+        upstream.server = server
+        yield upstream
 
 
 @pytest.fixture

@@ -14,8 +14,11 @@ import openai
 import orjson
 import pytest
 
+from boundedcode_gateway.cli.calls import run_calls
 from boundedcode_gateway.ingress.render import Receive, Send
-from tests.e2e.conftest import Gateway
+from boundedcode_gateway.text import MAX_NAME_CHARS, clip
+from tests.e2e.conftest import Gateway, GatewayFactory
+from tests.fakes.canned import CannedUpstream, canned_answer
 
 HELLO: list[Any] = [{"role": "user", "content": "hello"}]
 
@@ -230,3 +233,34 @@ def test_health_is_answered_while_a_huge_body_parses(gateway: Gateway, http: htt
     gaps = [b - a for a, b in zip([started, *during], [*during, ended], strict=True)]
     assert max(gaps) < (ended - started) * 0.75
     assert gateway.calls()[0]["model_profile"] == "missing"
+
+
+def test_a_model_name_is_clipped_where_it_is_kept_and_echoed(
+    gateway: Gateway, http: httpx.Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hostile = "\x1b]0;owned\x07\x1b[2J" + "A" * 100_000
+    with pytest.raises(openai.NotFoundError) as caught:
+        gateway.client().chat.completions.create(model=hostile, messages=HELLO)
+    assert len(caught.value.message) < 500
+    refused = post_raw(http, orjson.dumps({"model": hostile, "messages": "not a list"}))
+    error_of(refused, 400, "invalid_type")
+    for call in gateway.calls():
+        assert call["model_profile"] == clip(hostile)
+        assert len(call["model_profile"]) == MAX_NAME_CHARS + 1
+    rows = gateway.ledger_rows()
+    assert [r["model_profile"] for r in rows] == [clip(hostile)] * 2
+    assert run_calls(gateway.data_dir / "ledger.db", gateway.data_dir / "calls.jsonl", None, 5) == 0
+    shown = capsys.readouterr().out
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert "\\x1b]0;owned" in shown
+
+
+def test_an_upstreams_own_words_are_clipped(
+    start_gateway: GatewayFactory, canned: CannedUpstream
+) -> None:
+    canned.answers.append(canned_answer(model="g" * 5000, finish_reason="f" * 5000))
+    gateway = start_gateway(canned.profiles())
+    gateway.client().chat.completions.create(model="canned", messages=HELLO)
+    call = gateway.calls()[0]
+    assert call["upstream_model"] == "g" * MAX_NAME_CHARS + "…"
+    assert call["finish_reason"] == "f" * MAX_NAME_CHARS + "…"

@@ -40,6 +40,7 @@ from boundedcode_gateway.ingress.validate import (
 )
 from boundedcode_gateway.metering.meter import CallContext
 from boundedcode_gateway.service import GatewayService, JsonAnswer, StreamAnswer
+from boundedcode_gateway.text import clip
 
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 TASK_HEADER = b"x-boundedcode-task"
@@ -138,7 +139,9 @@ class Router:
     async def _model(self, name: str) -> dict[str, Any]:
         upstream = self.service.upstreams.get(name)
         if upstream is None:
-            raise ModelNotFound(f"The model '{name}' does not exist on this gateway", param="model")
+            raise ModelNotFound(
+                f"The model '{clip(name)}' does not exist on this gateway", param="model"
+            )
         caps = (await upstream.capabilities()).to_json()
         if self.service.structured_output_refused(upstream):
             caps["structured_output"] = False

@@ -11,6 +11,7 @@ from boundedcode_gateway.clock import utc_now_iso
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.metering.writer import MeterWriter
+from boundedcode_gateway.text import clip
 from boundedcode_gateway.upstream.metrics import CallMetrics
 
 CLIENT_CLOSED = 499  # nginx's convention for "the caller went away"
@@ -73,7 +74,8 @@ class Meter:
             started_at=ctx.started_at,
             task=ctx.task,
             purpose=ctx.purpose,
-            model_profile=model,
+            # the name a caller asked for, which need not be a profile's
+            model_profile=clip(model),
             caller=ctx.caller.name if ctx.caller is not None else None,
             messages=messages,
         )
