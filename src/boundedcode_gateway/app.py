@@ -43,7 +43,12 @@ class GatewayApp:
             proxies,
         )
         self.upstreams: dict[str, Upstream] = build_upstreams(config, self.http)
-        self.writer = MeterWriter(config.calls_path, config.ledger_path, enabled=config.metering)
+        self.writer = MeterWriter(
+            config.calls_path,
+            config.ledger_path,
+            enabled=config.metering.enabled,
+            sync=config.metering.sync,
+        )
         self.reasoning = ReasoningStore(config.data_path, REASONING_FILES)
         # a restarted gateway goes on comparing each conversation with its previous call
         continuity = ContinuityTable.from_call_log(

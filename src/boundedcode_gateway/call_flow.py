@@ -211,6 +211,7 @@ class CallFlow:
             continue_from=lambda partial: upstream.continuation(
                 attempts.prepared, partial, options
             ),
+            recorded=self._meter.recorded,
         )
         self._relay = relay
         try:

@@ -160,6 +160,18 @@ class LimitsSettings(_Strict):
         return int(self.max_parsing_mib * 1024 * 1024)
 
 
+class MeteringSettings(_Strict):
+    """``metering:``: whether calls are recorded, and whether an answer waits for its record.
+
+    ``metering: true`` / ``false`` is short for ``{enabled: true}`` / ``{enabled: false}``.
+    """
+
+    # false: no call log, no ledger (what metering costs, measured)
+    enabled: bool = True
+    # true: a call's record is written before the caller sees its answer end
+    sync: bool = False
+
+
 class ModelProfile(_Strict):
     """One entry under ``models:``: where a model name is sent and how."""
 
@@ -247,12 +259,20 @@ class GatewayConfig(_Strict):
     ledger: str | None = None
     llama_server_bin: str | None = None
     max_body_mib: float = Field(default=32.0, gt=0)
-    metering: bool = True  # false: no call log, no ledger (what metering costs, measured)
+    metering: MeteringSettings = MeteringSettings()
     inference: InferenceSettings = InferenceSettings()
     auth: AuthSettings | None = None
     budgets: BudgetsSettings = BudgetsSettings()
     limits: LimitsSettings = LimitsSettings()
     models: dict[str, ModelProfile] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _metering_switch(cls, data: Any) -> Any:
+        # `metering: false`, the older form, is the switch alone
+        if isinstance(data, dict) and isinstance(data.get("metering"), bool):
+            data = {**data, "metering": {"enabled": data["metering"]}}
+        return data
 
     @model_validator(mode="after")
     def _check_ledger(self) -> GatewayConfig:

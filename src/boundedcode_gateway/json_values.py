@@ -7,6 +7,8 @@ from typing import Any, TypeGuard
 
 from boundedcode_gateway.errors import InvalidRequest
 
+# the largest token count kept (2**53 - 1: exact as a float, and far above any real count)
+MAX_COUNT = 2**53 - 1
 # JSON nested deeper than this is refused where the gateway cannot encode it again: orjson
 # reads up to 1024 levels but writes at most 254, and the adapters nest a little further
 NESTING_LIMIT = 200
@@ -27,6 +29,19 @@ def is_number(value: Any) -> TypeGuard[int | float]:
 def int_or_none(value: Any) -> int | None:
     """The value if it is an integer (not a boolean), else None."""
     return value if is_int(value) else None
+
+
+def count_or_none(value: Any) -> int | None:
+    """A count an upstream reported (tokens): a non-negative integer, at most ``MAX_COUNT``;
+    None for anything else.
+
+    orjson reads integers up to 2**64 - 1 and SQLite stores them up to 2**63 - 1: one
+    upstream's absurd ``usage`` must not make its call's record, and the records written
+    with it, fail to store. A sum of a few such counts stays within both.
+    """
+    if not is_int(value) or value < 0:
+        return None
+    return min(value, MAX_COUNT)
 
 
 def nesting_error(body: Any, limit: int = NESTING_LIMIT) -> InvalidRequest | None:

@@ -63,6 +63,7 @@ class GatewayService:
             answer = await flow.run()
         except GatewayError as exc:
             _end(meter, flow, exc)
+            await meter.recorded()
             raise
         except asyncio.CancelledError:
             _end(meter, flow, None, cancelled=True)
@@ -70,9 +71,11 @@ class GatewayService:
         except Exception as exc:
             internal = internal_error(ctx.call_id)
             _end(meter, flow, internal)
+            await meter.recorded()
             raise internal from exc
         if isinstance(answer, JsonAnswer):
             flow.end(None)  # a streamed answer's relay ends the call
+            await meter.recorded()  # `metering.sync`: in the ledger before the caller has it
         return answer
 
     @property

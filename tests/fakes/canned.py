@@ -8,13 +8,14 @@ chunk, its usage in a last chunk, then ``[DONE]``.
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from tests.fakes.common import JSON, Receive, Scope, Send, read_request, send_json, sse_event
+from tests.fakes.common import JSON, Receive, Scope, Send, read_request, send_json
 from tests.fakes.server import RunningServer
 
 
@@ -48,6 +49,7 @@ class CannedUpstream:
     """The queued answers (the default one when none is queued) and where it listens."""
 
     answers: deque[JSON] = field(default_factory=deque)
+    requests: list[str] = field(default_factory=list)  # "METHOD /path", in order
     server: RunningServer | None = None
 
     def profiles(self) -> dict[str, dict[str, Any]]:
@@ -59,10 +61,14 @@ class CannedUpstream:
         if scope["type"] != "http":
             return
         request = await read_request(scope, receive)
+        self.requests.append(f"{request.method} {request.path}")
+        if request.path != "/v1/chat/completions":
+            await send_json(send, 404, {"error": {"message": "not found"}}, {})
+            return
         answer = self.answers.popleft() if self.answers else canned_answer()
         body = orjson.loads(request.raw_body) if request.raw_body else {}
         if not body.get("stream"):
-            await send_json(send, 200, answer, {"content-type": "application/json"})
+            await _send(send, "application/json", _encode(answer))
             return
         choice = answer["choices"][0]
         chunks = [
@@ -84,12 +90,16 @@ class CannedUpstream:
                 "usage": answer.get("usage"),
             },
         ]
-        payload = b"".join(sse_event(c) for c in chunks) + b"data: [DONE]\n\n"
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"text/event-stream")],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        payload = b"".join(b"data: " + _encode(c) + b"\n\n" for c in chunks)
+        await _send(send, "text/event-stream", payload + b"data: [DONE]\n\n")
+
+
+def _encode(obj: JSON) -> bytes:
+    # the standard json writes integers of any size (orjson stops at 64 bits)
+    return json.dumps(obj).encode()
+
+
+async def _send(send: Send, content_type: str, body: bytes) -> None:
+    headers = [(b"content-type", content_type.encode()), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

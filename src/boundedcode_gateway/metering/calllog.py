@@ -14,15 +14,29 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway import jsonl
-from boundedcode_gateway.metering.records import CallRecord
+from boundedcode_gateway.metering.records import CallRecord, Rejected
 
 
-def append_lines(path: Path, records: Sequence[CallRecord]) -> None:
-    """Append one JSON line per record in a single write, then flush."""
+def append_lines(path: Path, records: Sequence[CallRecord]) -> list[Rejected]:
+    """Append one JSON line per record in a single write, then flush; the records that
+    cannot be written as JSON are left out and returned."""
     if not records:
-        return
-    # orjson serialises the dataclass itself, in field order, as to_dict() would read
-    jsonl.append(path, b"".join(orjson.dumps(r) + b"\n" for r in records))
+        return []
+    rejected: list[Rejected] = []
+    try:
+        # orjson serialises the dataclass itself, in field order, as to_dict() would read
+        data = b"".join(orjson.dumps(r) + b"\n" for r in records)
+    except orjson.JSONEncodeError:
+        lines = []
+        for record in records:
+            try:
+                lines.append(orjson.dumps(record) + b"\n")
+            except orjson.JSONEncodeError as exc:
+                rejected.append((record, exc))
+        data = b"".join(lines)
+    if data:
+        jsonl.append(path, data)
+    return rejected
 
 
 def read_calls(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from boundedcode_gateway.access.caller import Caller
@@ -62,7 +64,7 @@ class Meter:
     returned (``call_flow.CallFlow``), before the outcome is submitted.
     """
 
-    __slots__ = ("_done", "_writer", "ctx", "record")
+    __slots__ = ("_done", "_durable", "_writer", "ctx", "record")
 
     def __init__(
         self, writer: MeterWriter, ctx: CallContext, model: str, messages: int = 0
@@ -80,6 +82,8 @@ class Meter:
             messages=messages,
         )
         self._done = False
+        # with `metering.sync`, done once the record is written
+        self._durable: Future[None] | None = None
 
     def ok(self, http_status: int = 200) -> None:
         self._submit("ok", http_status, None)
@@ -103,4 +107,10 @@ class Meter:
         r.http_status = http_status
         r.error_code = code
         r.total_ms = self.ctx.elapsed_ms()
-        self._writer.submit(r)
+        self._durable = self._writer.submit(r)
+
+    async def recorded(self) -> None:
+        """Once the record is in the call log and the ledger, with ``metering.sync``; at once
+        otherwise (and for a record not submitted yet)."""
+        if self._durable is not None and not self._durable.done():
+            await asyncio.wrap_future(self._durable)
