@@ -8,17 +8,19 @@ import logging
 import os
 from typing import Any
 
-from boundedcode_gateway import jsonl
 from boundedcode_gateway.config import GatewayConfig
 from boundedcode_gateway.errors import GatewayError, internal_error
 from boundedcode_gateway.ingress.body import BodyParser
 from boundedcode_gateway.ingress.render import Receive, Send, send_error
 from boundedcode_gateway.ingress.routes import Router
+from boundedcode_gateway.metering.calllog import read_tail
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy.cache_misses import ContinuityTable
+from boundedcode_gateway.policy.history_diff import HistoryTracker
 from boundedcode_gateway.providers.base import Upstream
 from boundedcode_gateway.providers.registry import REASONING_FILES, build_upstreams
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
+from boundedcode_gateway.retention import FolderSweeper
 from boundedcode_gateway.service import GatewayService
 from boundedcode_gateway.upstream.http import HttpClient, Timeouts
 from boundedcode_gateway.upstream.proxy import ProxySettings
@@ -48,15 +50,30 @@ class GatewayApp:
             config.ledger_path,
             enabled=config.metering.enabled,
             sync=config.metering.sync,
+            rotate_bytes=config.retention.call_log_bytes,
+            rotated_files=config.retention.call_log_files,
         )
-        self.reasoning = ReasoningStore(config.data_path, REASONING_FILES)
+        retention = config.retention
+        memory = (retention.tasks_in_memory, retention.task_idle_s)
+        self.reasoning = ReasoningStore(config.data_path, REASONING_FILES, *memory)
         # a restarted gateway goes on comparing each conversation with its previous call
         continuity = ContinuityTable.from_call_log(
-            jsonl.read_objects(config.calls_path, tail_bytes=CONTINUITY_TAIL_BYTES)
+            read_tail(config.calls_path, CONTINUITY_TAIL_BYTES), *memory
         )
         self.service = GatewayService(
-            self.upstreams, self.http, self.writer, self.reasoning, continuity
+            self.upstreams,
+            self.http,
+            self.writer,
+            self.reasoning,
+            continuity,
+            HistoryTracker(*memory),
         )
+        self.sweeper = (
+            FolderSweeper(self.reasoning, retention.task_days)
+            if retention.task_days is not None
+            else None
+        )
+        self._sweeping: asyncio.Task[None] | None = None
         self.body_parser = BodyParser(config.limits.max_parsing_bytes)
         self.router = Router(self.service, config.max_body_bytes, self.body_parser)
         self._started = False
@@ -67,6 +84,8 @@ class GatewayApp:
             return
         self._started = True
         self.writer.start()
+        if self.sweeper is not None:
+            self._sweeping = asyncio.create_task(self.sweeper.run())
         await asyncio.gather(*(u.start() for u in self.upstreams.values()))
         results = await asyncio.gather(
             *(u.capabilities() for u in self.upstreams.values()), return_exceptions=True
@@ -77,6 +96,10 @@ class GatewayApp:
 
     async def shutdown(self) -> None:
         """Close upstream connections and write every call still queued."""
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeping
         await self.service.close()
         for upstream in self.upstreams.values():
             await upstream.close()

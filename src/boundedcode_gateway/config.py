@@ -160,6 +160,26 @@ class LimitsSettings(_Strict):
         return int(self.max_parsing_mib * 1024 * 1024)
 
 
+class RetentionSettings(_Strict):
+    """``retention:``: how much of each task the gateway keeps, in memory and on disk."""
+
+    # task folders nothing was written to for this long are removed (at start, then daily)
+    task_days: float | None = Field(default=None, gt=0)
+    # calls.jsonl is rotated once it reaches this size (calls.jsonl.1, .2, …)
+    call_log_mib: float | None = Field(default=None, gt=0)
+    # rotated call logs kept; the oldest beyond them is deleted
+    call_log_files: int = Field(default=4, ge=1)
+    # per-task state in memory (history digests, previous calls, loaded reasoning): at most
+    # this many entries each, least recently used forgotten first
+    tasks_in_memory: int = Field(default=4096, ge=1)
+    # ...and none kept once idle this long (null: no limit)
+    task_idle_s: float | None = Field(default=86400.0, gt=0)
+
+    @property
+    def call_log_bytes(self) -> int | None:
+        return None if self.call_log_mib is None else int(self.call_log_mib * 1024 * 1024)
+
+
 class MeteringSettings(_Strict):
     """``metering:``: whether calls are recorded, and whether an answer waits for its record.
 
@@ -264,6 +284,7 @@ class GatewayConfig(_Strict):
     auth: AuthSettings | None = None
     budgets: BudgetsSettings = BudgetsSettings()
     limits: LimitsSettings = LimitsSettings()
+    retention: RetentionSettings = RetentionSettings()
     models: dict[str, ModelProfile] = Field(min_length=1)
 
     @model_validator(mode="before")

@@ -36,12 +36,14 @@ class GatewayService:
         writer: MeterWriter,
         reasoning: ReasoningStore,
         continuity: ContinuityTable | None = None,
+        history: HistoryTracker | None = None,
     ) -> None:
         self.upstreams = upstreams
         self._http = http
         self._writer = writer
         continuity = continuity if continuity is not None else ContinuityTable()
-        self._shared = SharedState(http, reasoning, HistoryTracker(), continuity, set())
+        history = history if history is not None else HistoryTracker()
+        self._shared = SharedState(http, reasoning, history, continuity, set())
         self._keepers: dict[str, CacheKeeper] = {}
 
     def record_rejected(self, ctx: CallContext, model: str, exc: GatewayError) -> None:

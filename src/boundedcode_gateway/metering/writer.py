@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TypeVar
 
-from boundedcode_gateway.metering.calllog import append_lines
+from boundedcode_gateway.metering.calllog import append_lines, rotate
 from boundedcode_gateway.metering.ledger import Ledger
 from boundedcode_gateway.metering.records import CallRecord
 
@@ -56,9 +56,14 @@ class MeterWriter:
         max_queue: int = 100_000,
         enabled: bool = True,
         sync: bool = False,
+        rotate_bytes: int | None = None,
+        rotated_files: int = 4,
     ) -> None:
         self.calls_path = calls_path
         self.ledger_path = ledger_path
+        # the call log is rotated once this size is reached, `rotated_files` of it kept
+        self.rotate_bytes = rotate_bytes
+        self.rotated_files = rotated_files
         # disabled: every record is discarded on submit and no thread runs
         self.enabled = enabled
         # sync: no batch window, and a future per record for the answer to wait on
@@ -200,6 +205,8 @@ class MeterWriter:
         return None
 
     def _write(self, batch: Sequence[CallRecord], ledger: Ledger | None) -> None:
+        if self.rotate_bytes is not None:
+            self._attempt("call log rotation", self._rotate_when_full)
         logged = self._attempt("call log", lambda: append_lines(self.calls_path, batch))
         stored = None if ledger is None else self._attempt("ledger", lambda: ledger.insert(batch))
         missing: dict[str, int] = {}  # call id → sinks that do not hold it
@@ -219,6 +226,16 @@ class MeterWriter:
         for future in durable:
             if future is not None:
                 future.set_result(None)
+
+    def _rotate_when_full(self) -> None:
+        assert self.rotate_bytes is not None
+        try:
+            size = self.calls_path.stat().st_size
+        except FileNotFoundError:
+            return
+        if size >= self.rotate_bytes:
+            rotate(self.calls_path, self.rotated_files)
+            logger.info("call log rotated: %s is now %s.1", self.calls_path, self.calls_path.name)
 
     def _set_aside(self, sink: str, record: CallRecord, exc: Exception) -> None:
         """One record the sink cannot hold: logged whole, so it can be entered by hand."""
