@@ -4,19 +4,20 @@ writer; ``reload`` swaps in what a new configuration gives without dropping a ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from boundedcode_gateway import jsonl
 from boundedcode_gateway.access.listen import listen_refusal
 from boundedcode_gateway.access.sites import DEFAULT_LISTEN_HOST
 from boundedcode_gateway.budgets.book import BudgetBook, budgets_configured
 from boundedcode_gateway.budgets.store import LedgerSpendStore, SpendStore
 from boundedcode_gateway.config import ConfigSource, GatewayConfig
-from boundedcode_gateway.errors import ConfigError, GatewayError
+from boundedcode_gateway.errors import ConfigError, GatewayError, internal_error
+from boundedcode_gateway.ingress.body import BodyParser
 from boundedcode_gateway.ingress.render import Receive, Send, send_error
 from boundedcode_gateway.ingress.routes import Router
 from boundedcode_gateway.live_config import (
@@ -26,12 +27,15 @@ from boundedcode_gateway.live_config import (
     restart_only_changes,
     route_changes,
 )
+from boundedcode_gateway.metering.calllog import read_tail
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.operations.metrics import GatewayMetrics
 from boundedcode_gateway.policy.cache_misses import ContinuityTable
+from boundedcode_gateway.policy.history_diff import HistoryTracker
 from boundedcode_gateway.providers.base import Upstream
 from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
+from boundedcode_gateway.retention import FolderSweeper
 from boundedcode_gateway.service import GatewayService
 from boundedcode_gateway.upstream.http import HttpClient, Timeouts
 from boundedcode_gateway.upstream.proxy import ProxySettings
@@ -73,17 +77,26 @@ class GatewayApp:
             Timeouts(config.inference.connect_timeout_s, config.inference.read_timeout_s),
             proxies,
         )
-        self.writer = MeterWriter(config.calls_path, config.ledger_path, enabled=config.metering)
-        self.reasoning = ReasoningStore(config.data_path, REASONING_FILES)
+        self.writer = MeterWriter(
+            config.calls_path,
+            config.ledger_path,
+            enabled=config.metering.enabled,
+            sync=config.metering.sync,
+            rotate_bytes=config.retention.call_log_bytes,
+            rotated_files=config.retention.call_log_files,
+        )
+        retention = config.retention
+        memory = (retention.tasks_in_memory, retention.task_idle_s)
+        self.reasoning = ReasoningStore(config.data_path, REASONING_FILES, *memory)
         # a restarted gateway goes on comparing each conversation with its previous call
         continuity = ContinuityTable.from_call_log(
-            jsonl.read_objects(config.calls_path, tail_bytes=CONTINUITY_TAIL_BYTES)
+            read_tail(config.calls_path, CONTINUITY_TAIL_BYTES), *memory
         )
         # no book where no call can have a budget: nothing to check or count per call
         self.budgets = BudgetBook(config.budgets.task) if budgets_configured(config) else None
         # what the budgets spent before this process: the ledger, unless nothing is written
         self.spend_store: SpendStore | None = (
-            LedgerSpendStore(config.ledger_path) if config.metering else None
+            LedgerSpendStore(config.ledger_path) if config.metering.enabled else None
         )
         self.service = GatewayService(
             build_live_config(config, self.http, listen_host=listen_host),
@@ -92,10 +105,18 @@ class GatewayApp:
             self.reasoning,
             continuity,
             budgets=self.budgets,
+            history=HistoryTracker(*memory),
         )
         self.metrics = GatewayMetrics(self.service, self.writer)
         self.writer.observe(self.metrics.observe)
-        self.router = Router(self.service, self.metrics)
+        self.sweeper = (
+            FolderSweeper(self.reasoning, retention.task_days)
+            if retention.task_days is not None
+            else None
+        )
+        self._sweeping: asyncio.Task[None] | None = None
+        self.body_parser = BodyParser(config.limits.max_parsing_bytes)
+        self.router = Router(self.service, self.metrics, self.body_parser)
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reload_lock = asyncio.Lock()
@@ -120,6 +141,8 @@ class GatewayApp:
         self._loop = asyncio.get_running_loop()
         await self._restore_budgets()
         self.writer.start()
+        if self.sweeper is not None:
+            self._sweeping = asyncio.create_task(self.sweeper.run())
         await _start(self.service.live.routes.values())
 
     async def _restore_budgets(self) -> None:
@@ -144,10 +167,15 @@ class GatewayApp:
         for task in list(self._reloads):
             task.cancel()
         await asyncio.gather(*self._reloads, return_exceptions=True)
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeping
         await self.service.close()
         await self.http.close()
         await asyncio.to_thread(self.writer.close)
         await asyncio.to_thread(self.reasoning.close)
+        self.body_parser.close()
 
     async def reload(self, config: GatewayConfig | None = None) -> ReloadResult:
         """Serve new calls from ``config`` (default: the source read again). Unchanged
@@ -217,9 +245,20 @@ class GatewayApp:
                     send, GatewayError("the gateway is starting", code="starting", status=503)
                 )
                 return
-            await self.router(scope, receive, send)
+            await self._route(scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
+
+    async def _route(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """The router, under a last catch-all: a fault that escapes it is still answered in
+        OpenAI's shape (uvicorn's own answer would be a text/plain 500)."""
+        try:
+            await self.router(scope, receive, send)
+        except Exception:
+            error = internal_error(f"{scope.get('method')} {scope.get('path')}")
+            # once the answer has begun, uvicorn refuses a second start: nothing more to say
+            with contextlib.suppress(Exception):
+                await send_error(send, error)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

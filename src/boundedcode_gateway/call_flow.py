@@ -17,6 +17,7 @@ from typing import Any
 from boundedcode_gateway import discard
 from boundedcode_gateway.attempts import AttemptLog, Attempts
 from boundedcode_gateway.errors import GatewayError, StreamBroken, UpstreamFailure
+from boundedcode_gateway.json_values import raise_if_too_deep
 from boundedcode_gateway.llama_server.cache_keeper import AnsweredCall, CacheKeeper
 from boundedcode_gateway.metering.meter import Meter, derived_ttft
 from boundedcode_gateway.policy import structured
@@ -34,6 +35,7 @@ from boundedcode_gateway.providers.base import ChatCall, RequestOptions, Upstrea
 from boundedcode_gateway.reasoning_store.keys import keys_for, text_of
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.relay import StreamRelay
+from boundedcode_gateway.text import clip
 from boundedcode_gateway.upstream.http import HttpClient, read_body
 from boundedcode_gateway.upstream.metrics import CallMetrics
 
@@ -133,7 +135,11 @@ class CallFlow:
     async def _build(self) -> ChatCall:
         """Everything the upstream's request is made from, in one value."""
         ctx, upstream, body = self._meter.ctx, self._upstream, self._caller_body
-        self._changed = self._shared.history.observe(ctx.task, ctx.purpose, body["messages"])
+        try:
+            self._changed = self._shared.history.observe(ctx.task, ctx.purpose, body["messages"])
+        except TypeError:
+            raise_if_too_deep(body)
+            raise
         caps = await upstream.capabilities()
         if self._keeper is not None:
             self._keeper.call_started()
@@ -180,7 +186,11 @@ class CallFlow:
         return await self._send_once(call, with_schema)
 
     async def _send_once(self, call: ChatCall, with_schema: bool) -> JsonAnswer | StreamAnswer:
-        prepared = self._upstream.prepare(call, send_schema=with_schema)
+        try:
+            prepared = self._upstream.prepare(call, send_schema=with_schema)
+        except TypeError:
+            raise_if_too_deep(call.body)
+            raise
         self._adjustments.update(prepared.adjustments)
         self._sent = prepared.body
         attempts = Attempts(self._shared.http, self._upstream, prepared, self._log)
@@ -201,6 +211,7 @@ class CallFlow:
             continue_from=lambda partial: upstream.continuation(
                 attempts.prepared, partial, options
             ),
+            recorded=self._meter.recorded,
         )
         self._relay = relay
         try:
@@ -334,6 +345,7 @@ class CallFlow:
             r.evaluated_tokens = metrics.evaluated_tokens
             r.prefill_ms = metrics.prefill_ms
             r.decode_ms = metrics.decode_ms
-            r.finish_reason = metrics.finish_reason
+            # the upstream's own words, bounded as a caller's are
+            r.finish_reason = clip(metrics.finish_reason) if metrics.finish_reason else None
             if metrics.upstream_model:
-                r.upstream_model = metrics.upstream_model
+                r.upstream_model = clip(metrics.upstream_model)

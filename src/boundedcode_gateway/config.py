@@ -174,7 +174,9 @@ class BudgetsSettings(_Strict):
 class LimitsSettings(_Strict):
     """``limits:``: what a caller's connection may hold and for how long."""
 
+    # a kept-alive connection between requests, and a body that stops arriving
     idle_timeout_s: float = Field(default=30.0, gt=0)
+    # from the connection's start (or a request's first byte) to the end of its headers
     header_timeout_s: float = Field(default=10.0, gt=0)
     # names the gateway is reached by besides loopback and its listening address (the
     # Host and Origin checks, docs/security.md)
@@ -196,6 +198,47 @@ class LimitsSettings(_Strict):
                     "(no scheme, port or path)"
                 )
         return self
+
+    # the request line and headers together; more is a 431
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    # request bodies over 1 MiB being parsed at once (off the loop); more wait their turn
+    max_parsing_mib: float = Field(default=32.0, gt=0)
+
+    @property
+    def max_parsing_bytes(self) -> int:
+        return int(self.max_parsing_mib * 1024 * 1024)
+
+
+class RetentionSettings(_Strict):
+    """``retention:``: how much of each task the gateway keeps, in memory and on disk."""
+
+    # task folders nothing was written to for this long are removed (at start, then daily)
+    task_days: float | None = Field(default=None, gt=0)
+    # calls.jsonl is rotated once it reaches this size (calls.jsonl.1, .2, …)
+    call_log_mib: float | None = Field(default=None, gt=0)
+    # rotated call logs kept; the oldest beyond them is deleted
+    call_log_files: int = Field(default=4, ge=1)
+    # per-task state in memory (history digests, previous calls, loaded reasoning): at most
+    # this many entries each, least recently used forgotten first
+    tasks_in_memory: int = Field(default=4096, ge=1)
+    # ...and none kept once idle this long (null: no limit)
+    task_idle_s: float | None = Field(default=86400.0, gt=0)
+
+    @property
+    def call_log_bytes(self) -> int | None:
+        return None if self.call_log_mib is None else int(self.call_log_mib * 1024 * 1024)
+
+
+class MeteringSettings(_Strict):
+    """``metering:``: whether calls are recorded, and whether an answer waits for its record.
+
+    ``metering: true`` / ``false`` is short for ``{enabled: true}`` / ``{enabled: false}``.
+    """
+
+    # false: no call log, no ledger (what metering costs, measured)
+    enabled: bool = True
+    # true: a call's record is written before the caller sees its answer end
+    sync: bool = False
 
 
 class ModelProfile(_Strict):
@@ -285,11 +328,12 @@ class GatewayConfig(_Strict):
     ledger: str | None = None
     llama_server_bin: str | None = None
     max_body_mib: float = Field(default=32.0, gt=0)
-    metering: bool = True  # false: no call log, no ledger (what metering costs, measured)
+    metering: MeteringSettings = MeteringSettings()
     inference: InferenceSettings = InferenceSettings()
     auth: AuthSettings | None = None
     budgets: BudgetsSettings = BudgetsSettings()
     limits: LimitsSettings = LimitsSettings()
+    retention: RetentionSettings = RetentionSettings()
     models: dict[str, ModelProfile] = Field(min_length=1)
 
     @field_validator("auth", mode="before")
@@ -299,6 +343,14 @@ class GatewayConfig(_Strict):
         if value is None:
             raise ValueError("'auth' is empty; give it 'keys' or a 'token_secret_env'")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _metering_switch(cls, data: Any) -> Any:
+        # `metering: false`, the older form, is the switch alone
+        if isinstance(data, dict) and isinstance(data.get("metering"), bool):
+            data = {**data, "metering": {"enabled": data["metering"]}}
+        return data
 
     @model_validator(mode="after")
     def _check_ledger(self) -> GatewayConfig:

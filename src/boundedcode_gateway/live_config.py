@@ -29,7 +29,12 @@ RESTART_ONLY: tuple[tuple[str, ...], ...] = (
     ("metering",),
     ("inference", "connect_timeout_s"),
     ("inference", "read_timeout_s"),
-    ("limits",),
+    # the connection limits and the body parser are the server's; allowed_hosts reloads
+    ("limits", "idle_timeout_s"),
+    ("limits", "header_timeout_s"),
+    ("limits", "max_header_bytes"),
+    ("limits", "max_parsing_mib"),
+    ("retention",),
 )
 
 

@@ -13,7 +13,7 @@ other caller gets the in-stream error, never a second answer.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -41,6 +41,10 @@ def _no_continuation(partial: PartialAnswer) -> Continuation | None:
     return None
 
 
+async def _nothing_to_wait_for() -> None:
+    return None
+
+
 class StreamRelay:
     """One streamed answer, from its first upstream response to the end of the call."""
 
@@ -54,10 +58,13 @@ class StreamRelay:
         on_success: Callable[[CallMetrics], None],
         on_end: OnEnd,
         continue_from: ContinueFrom = _no_continuation,
+        recorded: Callable[[], Awaitable[None]] = _nothing_to_wait_for,
     ) -> None:
         self._ctx = ctx
         self._model = model
         self._on_end = on_end
+        # how the end of the stream waits for the call's record (`metering.sync`)
+        self._recorded = recorded
         # what the call's record is filled from when it ends
         self.ttft_ms: float | None = None
         self.adjustments: dict[str, Any] = {}
@@ -186,19 +193,19 @@ class StreamRelay:
                 try:
                     first = await self._answer_again(exc)
                 except GatewayError as reopen_error:
-                    yield self._fail(reopen_error)
+                    yield await self._failed(reopen_error)
                     return
                 if first is None:
-                    yield self._fail(exc)
+                    yield await self._failed(exc)
                     return
                 if first:
                     yield first
             except GatewayError as exc:
                 self._attempts.log(exc.http_status, exc.code)
-                yield self._fail(exc)
+                yield await self._failed(exc)
                 return
             except Exception:
-                yield self._fail(internal_error(self._ctx.call_id))
+                yield await self._failed(internal_error(self._ctx.call_id))
                 return
 
     async def _answer_again(self, exc: StreamBroken) -> bytes | None:
@@ -252,10 +259,17 @@ class StreamRelay:
         self._attempts.log(200, None)
         self._on_success(self._translator.metrics)
         self.close()  # recorded before the caller can see the end
+        await self._recorded()
         yield DONE_EVENT
 
     def _discard(self, reason: str) -> bytes:
         return discard_chunk(self._ctx.call_id, self._model, reason)
+
+    async def _failed(self, exc: GatewayError) -> bytes:
+        """The in-stream error that ends the answer, once the call's record is written."""
+        out = self._fail(exc)
+        await self._recorded()
+        return out
 
     def _fail(self, exc: GatewayError) -> bytes:
         # an answer that ends in an error is recorded as one, however far the upstream got

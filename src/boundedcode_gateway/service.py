@@ -28,6 +28,7 @@ from boundedcode_gateway.policy.cache_misses import ContinuityTable
 from boundedcode_gateway.policy.history_diff import HistoryTracker
 from boundedcode_gateway.providers.base import Upstream
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
+from boundedcode_gateway.text import clip
 from boundedcode_gateway.upstream.http import HttpClient
 
 __all__ = ["GatewayService", "JsonAnswer", "StreamAnswer"]
@@ -46,6 +47,7 @@ class GatewayService:
         reasoning: ReasoningStore,
         continuity: ContinuityTable | None = None,
         budgets: BudgetBook | None = None,
+        history: HistoryTracker | None = None,
     ) -> None:
         self.live = live
         self._http = http
@@ -53,7 +55,8 @@ class GatewayService:
         self._writer: RecordSink = writer if budgets is None else CountingSink(budgets, writer)
         self._budgets = budgets
         continuity = continuity if continuity is not None else ContinuityTable()
-        self._shared = SharedState(http, reasoning, HistoryTracker(), continuity, set())
+        history = history if history is not None else HistoryTracker()
+        self._shared = SharedState(http, reasoning, history, continuity, set())
         # by upstream: a changed profile's new upstream gets a keeper of its own
         self._keepers: dict[Upstream, CacheKeeper] = {}
         # routes a reload took out, until the calls on them end
@@ -92,7 +95,7 @@ class GatewayService:
         try:
             if route is None:
                 raise ModelNotFound(
-                    f"The model '{model}' does not exist on this gateway", param="model"
+                    f"The model '{clip(model)}' does not exist on this gateway", param="model"
                 )
             if self._budgets is not None:
                 self._budgets.check(ctx)
@@ -101,6 +104,7 @@ class GatewayService:
             answer = await flow.run()
         except GatewayError as exc:
             _end(meter, flow, exc)
+            await meter.recorded()
             raise
         except asyncio.CancelledError:
             _end(meter, flow, None, cancelled=True)
@@ -108,9 +112,11 @@ class GatewayService:
         except Exception as exc:
             internal = internal_error(ctx.call_id)
             _end(meter, flow, internal)
+            await meter.recorded()
             raise internal from exc
         if isinstance(answer, JsonAnswer):
             flow.end(None)  # a streamed answer's relay ends the call
+            await meter.recorded()  # `metering.sync`: in the ledger before the caller has it
         return answer
 
     @property

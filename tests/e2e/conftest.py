@@ -16,9 +16,10 @@ import yaml
 
 from boundedcode_gateway.app import GatewayApp, create_app
 from boundedcode_gateway.config import parse_config
-from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
+from boundedcode_gateway.ingress.server import protocol_for
 from boundedcode_gateway.metering.calllog import read_calls
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
+from tests.fakes.canned import CannedUpstream
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fakes.openai_api import FakeOpenAI
 from tests.fakes.server import HOST, RunningServer, serve_in_thread, stop_all
@@ -143,10 +144,11 @@ def start_gateway(tmp_path: Path) -> Iterator[GatewayFactory]:
     def start(models: dict[str, dict[str, Any]], **settings: Any) -> Gateway:
         data_dir = Path(settings.pop("data_dir", tmp_path / f"gw{len(running)}"))
         text = yaml.safe_dump({"data_dir": str(data_dir), **settings, "models": models})
+        config = parse_config(text)
         # served on HOST, as `serve --host` tells the app where it listens
-        app = create_app(parse_config(text), listen_host=HOST)
-        # the HTTP protocol `boundedcode-gateway serve` runs
-        server = serve_in_thread(app, lifespan="on", http=GatheringHttpToolsProtocol)
+        app = create_app(config, listen_host=HOST)
+        # the HTTP protocol `boundedcode-gateway serve` runs, with the configuration's limits
+        server = serve_in_thread(app, lifespan="on", http=protocol_for(config.limits))
         gw = Gateway(app, server, data_dir)
         running.append(gw)
         return gw
@@ -156,6 +158,15 @@ def start_gateway(tmp_path: Path) -> Iterator[GatewayFactory]:
         for client in gw.clients:
             client.close()
     stop_all([gw.server for gw in running])
+
+
+@pytest.fixture
+def canned() -> Iterator[CannedUpstream]:
+    """An upstream that answers with exactly what the test queues (tests/fakes/canned.py)."""
+    upstream = CannedUpstream()
+    with serve_in_thread(upstream.app) as server:
+        upstream.server = server
+        yield upstream
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from boundedcode_gateway.access.keys import key_digest
 from boundedcode_gateway.budgets.spent import Holder, HolderSpent, Spent
 from boundedcode_gateway.cli.budgets import NO_BUDGETS, budget_rows, format_table, run_budgets
 from boundedcode_gateway.config import GatewayConfig, parse_config
@@ -28,7 +29,7 @@ def config(tmp_path: Path, **extra: object) -> GatewayConfig:
 
 
 def key(name: str, budget: dict[str, object] | None) -> dict[str, object]:
-    entry: dict[str, object] = {"name": name, "sha256": "0" * 64, "models": ["*"]}
+    entry: dict[str, object] = {"name": name, "sha256": key_digest(name), "models": ["*"]}
     if budget is not None:
         entry["budget"] = budget
     return entry

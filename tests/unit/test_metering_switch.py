@@ -6,8 +6,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 import orjson
+import pytest
 
-from boundedcode_gateway.config import parse_config
+from boundedcode_gateway.config import MeteringSettings, parse_config
+from boundedcode_gateway.errors import ConfigError
 from boundedcode_gateway.metering.calllog import append_lines, read_calls
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.metering.writer import MeterWriter
@@ -27,8 +29,19 @@ def _record(i: int) -> CallRecord:
 
 
 def test_metering_is_on_unless_switched_off() -> None:
-    assert parse_config(_MODELS).metering is True
-    assert parse_config("metering: false\n" + _MODELS).metering is False
+    assert parse_config(_MODELS).metering == MeteringSettings(enabled=True, sync=False)
+    assert parse_config("metering: false\n" + _MODELS).metering.enabled is False
+    assert parse_config("metering: true\n" + _MODELS).metering.enabled is True
+
+
+def test_metering_takes_a_mapping_with_sync() -> None:
+    config = parse_config("metering: {sync: true}\n" + _MODELS)
+    assert config.metering == MeteringSettings(enabled=True, sync=True)
+    assert parse_config("metering:\n  enabled: false\n" + _MODELS).metering.enabled is False
+    with pytest.raises(ConfigError, match=r"metering\.sink: unknown key"):
+        parse_config("metering: {sink: x}\n" + _MODELS)
+    with pytest.raises(ConfigError, match=r":1: metering"):
+        parse_config("metering: yes please\n" + _MODELS)
 
 
 def test_a_disabled_writer_writes_nothing(tmp_path: Path) -> None:

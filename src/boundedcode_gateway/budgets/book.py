@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from datetime import UTC, datetime
 
 from boundedcode_gateway.budgets.limits import Overrun, overruns, refusal
@@ -123,10 +124,10 @@ class CountingSink:
         self._book = book
         self._next = writer
 
-    def submit(self, record: CallRecord) -> None:
+    def submit(self, record: CallRecord) -> Future[None] | None:
         try:
             self._book.count(record)
         except Exception:
             # a record is written even if it could not be counted
             log.exception("budgets: the spending of %s was not counted", record.call_id)
-        self._next.submit(record)
+        return self._next.submit(record)

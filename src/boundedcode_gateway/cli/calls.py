@@ -14,6 +14,7 @@ from typing import Any
 
 from boundedcode_gateway.metering.calllog import read_calls
 from boundedcode_gateway.metering.ledger import Ledger
+from boundedcode_gateway.text import printable
 
 # (record field, header, right-aligned)
 COLUMNS: tuple[tuple[str, str, bool], ...] = (
@@ -39,14 +40,15 @@ COLUMN_GAP = "  "
 
 
 def format_cell(value: Any) -> str:
-    """One value as the table shows it: ``-`` for None, floats with one decimal."""
+    """One value as the table shows it: ``-`` for None, floats with one decimal, control
+    characters escaped (a task or model name is whatever a caller sent)."""
     if value is None:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.1f}"
-    return str(value)
+    return printable(str(value))
 
 
 def format_calls_table(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -16,7 +16,7 @@ from boundedcode_gateway.access.listen import listen_refusal
 from boundedcode_gateway.access.sites import DEFAULT_LISTEN_HOST
 from boundedcode_gateway.app import GatewayApp, create_app
 from boundedcode_gateway.config import ConfigSource, GatewayConfig
-from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
+from boundedcode_gateway.ingress.server import protocol_for
 
 DEFAULT_HOST = DEFAULT_LISTEN_HOST
 DEFAULT_PORT = 8780
@@ -88,8 +88,9 @@ def run_serve(
             host=host,
             port=port,
             loop=_loop(),
-            # uvicorn's httptools protocol, its writes gathered per loop turn
-            http=GatheringHttpToolsProtocol,
+            # uvicorn's httptools protocol, its writes gathered per loop turn, with the
+            # connection limits of `limits:` (its keep-alive timeout among them)
+            http=protocol_for(config.limits),
             lifespan="on",
             access_log=False,
             # the gateway never reads the caller's address: no X-Forwarded-* rewriting

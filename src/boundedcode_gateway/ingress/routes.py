@@ -18,6 +18,7 @@ from boundedcode_gateway import discard
 from boundedcode_gateway.access.authenticate import check_model, metered_task
 from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.access.sites import check_json_body
+from boundedcode_gateway.config import LimitsSettings
 from boundedcode_gateway.errors import (
     BodyTooLarge,
     Forbidden,
@@ -26,6 +27,7 @@ from boundedcode_gateway.errors import (
     ModelNotFound,
     internal_error,
 )
+from boundedcode_gateway.ingress.body import BodyParser
 from boundedcode_gateway.ingress.render import (
     Receive,
     Send,
@@ -48,6 +50,7 @@ from boundedcode_gateway.metering.meter import CallContext
 from boundedcode_gateway.operations.metrics import GatewayMetrics
 from boundedcode_gateway.operations.readiness import readiness
 from boundedcode_gateway.service import GatewayService, JsonAnswer, StreamAnswer
+from boundedcode_gateway.text import clip
 
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 # the operator's view of the gateway, answered by ``Router._operations``
@@ -127,9 +130,15 @@ async def read_request_body(scope: dict[str, Any], receive: Receive, limit: int)
 class Router:
     """Dispatches HTTP requests to the handlers."""
 
-    def __init__(self, service: GatewayService, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        service: GatewayService,
+        metrics: GatewayMetrics,
+        body_parser: BodyParser | None = None,
+    ) -> None:
         self.service = service
         self.metrics = metrics
+        self.body_parser = body_parser or BodyParser(LimitsSettings().max_parsing_bytes)
         self.started_at = time.time()
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -187,7 +196,9 @@ class Router:
         upstream = self.service.upstreams.get(name)
         # a model the caller may not use is not shown to exist
         if upstream is None or (caller is not None and not caller.may_use(name)):
-            raise ModelNotFound(f"The model '{name}' does not exist on this gateway", param="model")
+            raise ModelNotFound(
+                f"The model '{clip(name)}' does not exist on this gateway", param="model"
+            )
         caps = (await upstream.capabilities()).to_json()
         if self.service.structured_output_refused(upstream):
             caps["structured_output"] = False
@@ -243,12 +254,7 @@ class Router:
         caller: Caller | None,
     ) -> None:
         raw = await read_request_body(scope, receive, self.service.live.max_body_bytes)
-        try:
-            parsed: Any = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidRequest(
-                f"The request body is not valid JSON: {exc}", code="invalid_json"
-            ) from None
+        parsed: Any = await self.body_parser.parse(raw)
         model = requested_model(parsed)
         try:
             ctx = self._context(scope, path_task, caller)

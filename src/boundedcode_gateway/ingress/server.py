@@ -1,17 +1,46 @@
-"""uvicorn's httptools protocol with its writes gathered: one send per loop turn, not per message.
+"""uvicorn's httptools protocol with its writes gathered, and the limits of a caller's connection.
 
 uvicorn writes a response's status line and headers, then its body, each with
 its own ``transport.write`` and so its own ``send`` system call; a JSON answer
 takes two where one does, and a stream's head and first chunk likewise. Writes
 made in one turn of the event loop are joined and sent once at the end of it.
+
+uvicorn closes a connection left idle after a response (``timeout_keep_alive``),
+but not one that never sends a request, sends its head a byte at a time, sends
+an endless head or stops half-way through its body: each holds a file descriptor
+and its buffers for as long as the caller likes. The protocol here bounds them:
+the head must be complete within ``header_timeout_s`` of the connection's start
+(or of the request's first byte) and within ``max_header_bytes``, and a kept-alive
+connection between requests, like a body, must not stay idle for ``idle_timeout_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+import http
+import logging
+from typing import Any, ClassVar, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from boundedcode_gateway.config import LimitsSettings
+from boundedcode_gateway.errors import GatewayError
+
+log = logging.getLogger(__name__)
+
+# what a caller gets for a head over the limit, or a request that does not parse
+_HEAD_TOO_LARGE = GatewayError(
+    "The request's headers exceed the gateway's limit",
+    code="request_header_fields_too_large",
+    status=431,
+    error_type="invalid_request_error",
+)
+_NOT_HTTP = GatewayError(
+    "The request is not valid HTTP/1.1",
+    code="invalid_http_request",
+    status=400,
+    error_type="invalid_request_error",
+)
 
 
 class GatheringTransport:
@@ -63,10 +92,164 @@ class GatheringTransport:
         return getattr(self._transport, name)
 
 
+def error_response(error: GatewayError) -> bytes:
+    """A whole HTTP/1.1 response carrying the error's body; the connection closes after it."""
+    body = error.to_json()
+    head = (
+        f"HTTP/1.1 {error.http_status} {http.HTTPStatus(error.http_status).phrase}\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
 class GatheringHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's protocol on a ``GatheringTransport``; pass it as ``uvicorn.Config(http=...)``."""
+    """uvicorn's protocol on a ``GatheringTransport``, with the connection limits of the module.
+
+    Pass ``protocol_for(limits)`` as ``uvicorn.Config(http=...)``; this class itself
+    carries the defaults of ``LimitsSettings``. The one timer of a connection is armed
+    after the parser has taken a read, and only when a head or a body is still
+    unfinished, so a request that arrives whole costs no timer at all.
+    """
+
+    header_timeout_s: ClassVar[float] = LimitsSettings().header_timeout_s
+    max_header_bytes: ClassVar[int] = LimitsSettings().max_header_bytes
+    idle_timeout_s: ClassVar[float] = LimitsSettings().idle_timeout_s
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # uvicorn's keep-alive timeout; it only reaches loop.call_later, which takes a float
+        self.timeout_keep_alive = self.idle_timeout_s  # type: ignore[assignment]
+        self._limit_timer: asyncio.TimerHandle | None = None
+        self._in_head = False
+        self._in_body = False
+        self._head_started = 0.0  # loop time the head began (or the connection, before one)
+        self._head_bytes = 0  # bytes read while the head was unfinished
+        self._header_bytes = 0  # bytes of the URL and the headers as parsed
+        self._body_seen = 0.0  # loop time of the body's latest bytes
+        self._head_too_large = False
+        self._refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         loop = asyncio.get_running_loop()
         # duck-typed: everything but write/close/abort goes to the real transport
         super().connection_made(cast(asyncio.Transport, GatheringTransport(transport, loop)))
+        # a connection that never sends a request is closed like a head that never ends
+        self._begin_head()
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._in_head:
+            self._head_bytes += len(data)
+        elif self._in_body:
+            self._body_seen = self.loop.time()
+        super().data_received(data)
+        if self._refused:
+            return  # answered as not HTTP
+        # the parser keeps an unfinished head in memory: refuse it once it is too large
+        if self._head_too_large or (self._in_head and self._head_bytes > self.max_header_bytes):
+            self._refuse(_HEAD_TOO_LARGE)
+        elif self._limit_timer is None:
+            self._arm()
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's own answer is text/plain; every answer of the gateway is OpenAI-shaped
+        log.info("refused a request: %s", msg)
+        self._refuse(_NOT_HTTP)
+
+    # -- the parser's callbacks
+
+    def on_message_begin(self) -> None:
+        if not self._in_head:
+            self._begin_head()
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._header_bytes += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value) + 4  # ": " and CRLF
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._stop_timer()
+        self._in_head = False
+        if self._header_bytes > self.max_header_bytes:
+            self._head_too_large = True  # answered once the parser returns
+            return
+        self._in_body = True
+        self._body_seen = self.loop.time()
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._head_too_large:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._stop_timer()
+        self._in_body = False
+        if not self._head_too_large:
+            super().on_message_complete()
+
+    # -- the limits
+
+    def _begin_head(self) -> None:
+        self._in_head = True
+        self._head_started = self.loop.time()
+        self._head_bytes = 0
+        self._header_bytes = 0
+
+    def _arm(self) -> None:
+        """The timer of what is unfinished: the head's deadline, or the body's idle limit."""
+        if self._in_head:
+            due = self._head_started + self.header_timeout_s
+        elif self._in_body:
+            due = self._body_seen + self.idle_timeout_s
+        else:
+            return
+        self._limit_timer = self.loop.call_at(due, self._limit_reached)
+
+    def _stop_timer(self) -> None:
+        if self._limit_timer is not None:
+            self._limit_timer.cancel()
+            self._limit_timer = None
+
+    def _limit_reached(self) -> None:
+        """Close the connection if its head or body is overdue; a body that moved on since
+        the timer was set gets a new one (set when it fires, not on every chunk)."""
+        self._limit_timer = None
+        if self.transport.is_closing():
+            return
+        now = self.loop.time()
+        overdue = (self._in_head and now >= self._head_started + self.header_timeout_s) or (
+            self._in_body and now >= self._body_seen + self.idle_timeout_s
+        )
+        if overdue:
+            self.transport.close()
+        else:
+            self._arm()
+
+    def _refuse(self, error: GatewayError) -> None:
+        self._refused = True
+        self._stop_timer()
+        if not self.transport.is_closing():
+            self.transport.write(error_response(error))
+            self.transport.close()
+
+
+def protocol_for(limits: LimitsSettings) -> type[GatheringHttpToolsProtocol]:
+    """The protocol class with these limits, for ``uvicorn.Config(http=...)``."""
+    attributes = {
+        "header_timeout_s": limits.header_timeout_s,
+        "max_header_bytes": limits.max_header_bytes,
+        "idle_timeout_s": limits.idle_timeout_s,
+    }
+    return type("LimitedHttpToolsProtocol", (GatheringHttpToolsProtocol,), attributes)

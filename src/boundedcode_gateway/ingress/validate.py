@@ -117,8 +117,44 @@ def _check_message(i: int, msg: Any) -> None:
             code="missing_required_parameter",
         )
     tool_calls = msg.get("tool_calls")
-    if tool_calls is not None and not isinstance(tool_calls, list):
-        raise _wrong_type(f"messages[{i}].tool_calls", "array", tool_calls)
+    if tool_calls is not None:
+        if not isinstance(tool_calls, list):
+            raise _wrong_type(f"messages[{i}].tool_calls", "array", tool_calls)
+        for j, call in enumerate(tool_calls):
+            where = f"messages[{i}].tool_calls[{j}]"
+            if not isinstance(call, dict):
+                raise _wrong_type(where, "object", call)
+            _check_function(where, call.get("function"))
+
+
+def _check_function(where: str, function: Any) -> None:
+    """A tool call's, a tool's or a tool choice's ``function``: an object with a string name."""
+    if function is None:
+        raise InvalidRequest(
+            f"Missing required parameter: '{where}.function'.",
+            param=f"{where}.function",
+            code="missing_required_parameter",
+        )
+    if not isinstance(function, dict):
+        raise _wrong_type(f"{where}.function", "object", function)
+    if not isinstance(function.get("name"), str):
+        raise _wrong_type(f"{where}.function.name", "string", function.get("name"))
+
+
+def _check_tools(body: dict[str, Any]) -> None:
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise _wrong_type("tools", "array of objects", tools)
+        for i, tool in enumerate(tools):
+            if tool.get("type", "function") == "function":
+                _check_function(f"tools[{i}]", tool.get("function"))
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        if choice.get("type", "function") == "function":
+            _check_function("tool_choice", choice.get("function"))
+    elif choice is not None and not isinstance(choice, str):
+        raise _wrong_type("tool_choice", "string or object", choice)
 
 
 def _check_scalars(body: dict[str, Any]) -> None:
@@ -139,11 +175,7 @@ def _check_scalars(body: dict[str, Any]) -> None:
             raise _wrong_type(name, "object", v)
     if isinstance(body.get("stream_options"), dict):
         discard.check_stream_option(body["stream_options"])
-    tools = body.get("tools")
-    if tools is not None and (
-        not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)
-    ):
-        raise _wrong_type("tools", "array of objects", tools)
+    _check_tools(body)
 
 
 def requested_model(body: Any) -> str | None:

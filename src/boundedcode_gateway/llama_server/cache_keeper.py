@@ -27,6 +27,7 @@ import orjson
 
 from boundedcode_gateway.config import PriceSettings
 from boundedcode_gateway.errors import GatewayError
+from boundedcode_gateway.json_values import count_or_none
 from boundedcode_gateway.metering.meter import CallContext, Meter, RecordSink
 from boundedcode_gateway.policy.cache_misses import (
     MISS_TOLERANCE_TOKENS,
@@ -281,10 +282,10 @@ class CacheKeeper:
             meter.error(exc)
             return
         timings = answer.get("timings") or {}
-        cache_n = int(timings.get("cache_n") or 0)
-        record.prompt_tokens = int(answer.get("tokens_evaluated") or 0)
+        cache_n = count_or_none(timings.get("cache_n")) or 0
+        record.prompt_tokens = count_or_none(answer.get("tokens_evaluated")) or 0
         record.cached_tokens = cache_n
-        record.evaluated_tokens = int(timings.get("prompt_n") or 0)
+        record.evaluated_tokens = count_or_none(timings.get("prompt_n")) or 0
         record.completion_tokens = 0
         prompt_ms = timings.get("prompt_ms")
         record.prefill_ms = float(prompt_ms) if isinstance(prompt_ms, int | float) else None

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from boundedcode_gateway.clock import utc_now_iso
-from boundedcode_gateway.metering.records import LEDGER_FIELDS, CallRecord
+from boundedcode_gateway.metering.records import LEDGER_FIELDS, CallRecord, Rejected
 
 MIGRATIONS_PACKAGE = "boundedcode_gateway.metering"
 MIGRATIONS_DIR = "migrations"
@@ -84,6 +84,10 @@ class HolderTotals(NamedTuple):
     day_tokens: int
     day_evaluated_tokens: int
 
+
+# what one row's values or constraints raise; a statement that fails so leaves the
+# transaction open (sqlite3 binds the values before the statement runs)
+_ROW_ERRORS = (OverflowError, ValueError, TypeError, sqlite3.IntegrityError, sqlite3.InterfaceError)
 
 # SQLite hands BOOLEAN columns back as 0/1; rows should read like CallRecord.to_dict().
 _BOOL_FIELDS = frozenset(
@@ -152,14 +156,32 @@ class Ledger:
             raise
         self._conn = conn
 
-    def insert(self, records: Sequence[CallRecord]) -> None:
-        """Insert the records in one transaction: all of them or none."""
+    def insert(self, records: Sequence[CallRecord]) -> list[Rejected]:
+        """Insert the records in one transaction; the records it cannot hold are returned.
+
+        A batch is one ``executemany``; should one row fail (a number SQLite cannot store,
+        a call id already there), the batch is inserted again row by row, in one
+        transaction still, and only the rows that fail are left out. A failure of the
+        database itself (locked, full, gone) raises as before.
+        """
         if not records:
-            return
+            return []
         conn = self._connection()
-        rows = [_ROW(r) for r in records]
+        try:
+            with _transaction(conn):
+                conn.executemany(INSERT_CALL_SQL, [_ROW(r) for r in records])
+        except _ROW_ERRORS:
+            pass
+        else:
+            return []
+        rejected: list[Rejected] = []
         with _transaction(conn):
-            conn.executemany(INSERT_CALL_SQL, rows)
+            for record in records:
+                try:
+                    conn.execute(INSERT_CALL_SQL, _ROW(record))
+                except _ROW_ERRORS as exc:
+                    rejected.append((record, exc))
+        return rejected
 
     def recent(self, task: str | None, last: int) -> list[dict[str, Any]]:
         """The newest ``last`` calls (of ``task`` if given), oldest first, newest last."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -14,6 +16,7 @@ from boundedcode_gateway.config import PriceSettings
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.metering.cost import call_cost
 from boundedcode_gateway.metering.records import CallRecord
+from boundedcode_gateway.text import clip
 from boundedcode_gateway.upstream.metrics import CallMetrics
 
 CLIENT_CLOSED = 499  # nginx's convention for "the caller went away"
@@ -25,7 +28,7 @@ class RecordSink(Protocol):
     ``submit`` runs on the event loop; it must never block or raise.
     """
 
-    def submit(self, record: CallRecord) -> None: ...
+    def submit(self, record: CallRecord) -> Future[None] | None: ...
 
 
 @dataclass(slots=True)
@@ -74,7 +77,7 @@ class Meter:
     computed from them here, with the price of the profile the call was routed to.
     """
 
-    __slots__ = ("_done", "_on_submit", "_price", "_writer", "ctx", "record")
+    __slots__ = ("_done", "_durable", "_on_submit", "_price", "_writer", "ctx", "record")
 
     def __init__(
         self,
@@ -95,11 +98,14 @@ class Meter:
             started_at=ctx.started_at,
             task=ctx.task,
             purpose=ctx.purpose,
-            model_profile=model,
+            # the name a caller asked for, which need not be a profile's
+            model_profile=clip(model),
             caller=ctx.caller.name if ctx.caller is not None else None,
             messages=messages,
         )
         self._done = False
+        # with `metering.sync`, done once the record is written
+        self._durable: Future[None] | None = None
 
     def ok(self, http_status: int = 200) -> None:
         self._submit("ok", http_status, None)
@@ -131,6 +137,12 @@ class Meter:
             prefill_ms=r.prefill_ms,
             decode_ms=r.decode_ms,
         )
-        self._writer.submit(r)
+        self._durable = self._writer.submit(r)
         if self._on_submit is not None:
             self._on_submit()
+
+    async def recorded(self) -> None:
+        """Once the record is in the call log and the ledger, with ``metering.sync``; at once
+        otherwise (and for a record not submitted yet)."""
+        if self._durable is not None and not self._durable.done():
+            await asyncio.wrap_future(self._durable)

@@ -67,3 +67,5 @@ RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CallRecord))
 # the ledger keeps each call's final outcome; the per-attempt detail is in the call log
 CALL_LOG_ONLY = frozenset({"attempt_log", "adjustments", "miss_at"})
 LEDGER_FIELDS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f not in CALL_LOG_ONLY)
+# a record a sink could not hold, and why
+Rejected = tuple[CallRecord, Exception]

@@ -2,21 +2,30 @@
 
 Owns the queue, the writer thread and the ledger connection (opened in that thread).
 ``submit`` runs on the event loop and must never block or raise; a failing sink is
-logged and counted, and must not stop the other sink or the thread.
+logged and counted, and must not stop the other sink or the thread. A record a sink
+cannot hold (a value out of its range) is set aside, logged, without the rest of its
+batch. With ``sync``, ``submit`` hands back a future the caller's answer waits on:
+done once the record's batch is written.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import asdict
 from pathlib import Path
+from typing import TypeVar
 
-from boundedcode_gateway.metering.calllog import append_lines
+from boundedcode_gateway.metering.calllog import append_lines, rotate
 from boundedcode_gateway.metering.ledger import Ledger
 from boundedcode_gateway.metering.records import CallRecord
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -36,20 +45,35 @@ class MeterWriter:
 
     Counters: ``written`` records that reached at least one sink, ``dropped`` records
     refused (queue full or writer closed), ``errors`` sink failures (one per failed
-    batch per sink, plus a failure to open the ledger); ``queued`` records waiting.
-    Observers (``observe``) see each record as it is submitted.
+    batch per sink, plus a failure to open the ledger), ``set_aside`` records a sink
+    could not hold (one per record per sink); ``queued`` records waiting. Observers
+    (``observe``) see each record as it is submitted.
     """
 
     def __init__(
-        self, calls_path: Path, ledger_path: Path, max_queue: int = 100_000, enabled: bool = True
+        self,
+        calls_path: Path,
+        ledger_path: Path,
+        max_queue: int = 100_000,
+        enabled: bool = True,
+        sync: bool = False,
+        rotate_bytes: int | None = None,
+        rotated_files: int = 4,
     ) -> None:
         self.calls_path = calls_path
         self.ledger_path = ledger_path
+        # the call log is rotated once this size is reached, `rotated_files` of it kept
+        self.rotate_bytes = rotate_bytes
+        self.rotated_files = rotated_files
         # disabled: every record is discarded on submit and no thread runs
         self.enabled = enabled
+        # sync: no batch window, and a future per record for the answer to wait on
+        self.sync = sync
         self.written = 0
         self.dropped = 0
         self.errors = 0
+        self.set_aside = 0
+        self._durable: dict[str, Future[None]] = {}  # call id → its future, when sync
         self._queue: queue.Queue[_Item] = queue.Queue(maxsize=max_queue)
         self._lock = threading.Lock()
         self._progress = threading.Condition(self._lock)
@@ -78,24 +102,33 @@ class MeterWriter:
         if self.enabled:
             self._start_thread()
 
-    def submit(self, record: CallRecord) -> None:
-        """Queue a record for writing; never blocks, never raises (drops when full)."""
+    def submit(self, record: CallRecord) -> Future[None] | None:
+        """Queue a record for writing; never blocks, never raises (drops when full).
+
+        When ``sync``, the future done once the record's batch has been written (or its
+        sinks have failed, which is logged); None for a record not queued, or not sync.
+        """
         for observer in self._observers:
             try:
                 observer(record)
             except Exception:
                 logger.exception("an observer of call records failed on %s", record.call_id)
         if not self.enabled:
-            return
+            return None
         with self._lock:
             if not self._closed:
+                durable: Future[None] | None = None
+                if self.sync:
+                    durable = Future()
+                    self._durable[record.call_id] = durable
                 try:
                     self._queue.put_nowait(record)
                 except queue.Full:
-                    pass
+                    if durable is not None:
+                        del self._durable[record.call_id]
                 else:
                     self._accepted += 1
-                    return
+                    return durable
             self.dropped += 1
             dropped, closed = self.dropped, self._closed
         if dropped == 1 or dropped % DROP_LOG_EVERY == 0:
@@ -103,6 +136,7 @@ class MeterWriter:
             logger.warning(
                 "call record %s dropped: %s (%d dropped so far)", record.call_id, reason, dropped
             )
+        return None
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every record submitted so far is written; False on timeout."""
@@ -159,10 +193,11 @@ class MeterWriter:
         """Block for one item, then take whatever else is queued, up to BATCH_MAX."""
         batch: list[CallRecord] = []
         item = self._queue.get()
-        if item is not None:
+        if item is not None and not self.sync:
             # Let a burst gather: one append and one ledger transaction for many calls
             # instead of one each, and no wake-up of this thread per call. A sleep,
-            # not get(timeout=...), which would wake it on every submit.
+            # not get(timeout=...), which would wake it on every submit. (Sync: answers
+            # wait on the write; what queued during the last write is the batch.)
             time.sleep(BATCH_WINDOW_S)
         while item is not None:
             batch.append(item)
@@ -176,24 +211,63 @@ class MeterWriter:
 
     def _open_ledger(self) -> Ledger | None:
         ledger = Ledger(self.ledger_path)
-        if self._attempt("ledger", ledger.open):
+
+        def opened() -> Ledger:
+            ledger.open()
+            return ledger
+
+        if self._attempt("ledger", opened) is not None:
             return ledger
         logger.error("ledger %s is not written; the call log still is", self.ledger_path)
         return None
 
     def _write(self, batch: Sequence[CallRecord], ledger: Ledger | None) -> None:
+        if self.rotate_bytes is not None:
+            self._attempt("call log rotation", self._rotate_when_full)
         logged = self._attempt("call log", lambda: append_lines(self.calls_path, batch))
-        stored = ledger is not None and self._attempt("ledger", lambda: ledger.insert(batch))
+        stored = None if ledger is None else self._attempt("ledger", lambda: ledger.insert(batch))
+        missing: dict[str, int] = {}  # call id → sinks that do not hold it
+        for sink, rejected in (("call log", logged), ("ledger", stored)):
+            if rejected is None:
+                for record in batch:
+                    missing[record.call_id] = missing.get(record.call_id, 0) + 1
+                continue
+            for record, exc in rejected:
+                missing[record.call_id] = missing.get(record.call_id, 0) + 1
+                self._set_aside(sink, record, exc)
         with self._progress:
-            if logged or stored:
-                self.written += len(batch)
+            self.written += sum(1 for r in batch if missing.get(r.call_id, 0) < 2)
             self._done += len(batch)
+            durable = [self._durable.pop(r.call_id, None) for r in batch] if self.sync else []
             self._progress.notify_all()
+        for future in durable:
+            if future is not None:
+                future.set_result(None)
 
-    def _attempt(self, sink: str, action: Callable[[], None]) -> bool:
-        """Run one sink operation; log and count a failure instead of raising."""
+    def _rotate_when_full(self) -> None:
+        assert self.rotate_bytes is not None
         try:
-            action()
+            size = self.calls_path.stat().st_size
+        except FileNotFoundError:
+            return
+        if size >= self.rotate_bytes:
+            rotate(self.calls_path, self.rotated_files)
+            logger.info("call log rotated: %s is now %s.1", self.calls_path, self.calls_path.name)
+
+    def _set_aside(self, sink: str, record: CallRecord, exc: Exception) -> None:
+        """One record the sink cannot hold: logged whole, so it can be entered by hand."""
+        with self._lock:
+            self.set_aside += 1
+        # the standard json writes integers of any size, where orjson stops at 64 bits
+        whole = json.dumps(asdict(record), default=str)
+        logger.error(
+            "meter writer: %s cannot hold call %s (%s): %s", sink, record.call_id, exc, whole
+        )
+
+    def _attempt(self, sink: str, action: Callable[[], T]) -> T | None:
+        """Run one sink operation; log and count a failure instead of raising (None)."""
+        try:
+            result = action()
         except Exception:
             with self._lock:
                 self.errors += 1
@@ -201,8 +275,8 @@ class MeterWriter:
             repeated = sink in self._failing
             self._failing.add(sink)
             logger.error("meter writer: %s failed", sink, exc_info=not repeated)
-            return False
+            return None
         if sink in self._failing:
             self._failing.discard(sink)
             logger.warning("meter writer: %s works again", sink)
-        return True
+        return result

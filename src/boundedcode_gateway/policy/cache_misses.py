@@ -9,13 +9,14 @@ guesses.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from boundedcode_gateway.json_values import is_int
+from boundedcode_gateway.lru import Clock, IdleLru
 
 # Tokens a prompt may miss and still count as served from cache: llama.cpp always
 # evaluates the last prompt token again, and the end of the previous answer (its
@@ -159,15 +160,27 @@ def token_ends_after(pieces: list[str], start_chars: int) -> tuple[int, ...]:
     return tuple(e - start_chars for e in ends[first:])
 
 
-@dataclass(slots=True)
 class ContinuityTable:
-    """The previous call per (task, purpose, profile); a bounded LRU in memory."""
+    """The previous call per (task, purpose, profile), in memory: at most ``max_keys`` of
+    them, none idle for longer than ``idle_s``; the least recently used goes first, and
+    the next call of a conversation forgotten is a ``first_call``."""
 
-    max_keys: int = 4096
-    _last: OrderedDict[tuple[str, str, str], PreviousCall] = field(default_factory=OrderedDict)
+    def __init__(
+        self, max_keys: int = 4096, idle_s: float | None = None, clock: Clock = time.monotonic
+    ) -> None:
+        self._last: IdleLru[tuple[str, str, str], PreviousCall] = IdleLru(max_keys, idle_s, clock)
+
+    def __len__(self) -> int:
+        return len(self._last)
 
     @classmethod
-    def from_call_log(cls, records: Iterable[Mapping[str, Any]]) -> ContinuityTable:
+    def from_call_log(
+        cls,
+        records: Iterable[Mapping[str, Any]],
+        max_keys: int = 4096,
+        idle_s: float | None = None,
+        clock: Clock = time.monotonic,
+    ) -> ContinuityTable:
         """The table as the calls of a call log (oldest first) left it, so that a restarted
         gateway goes on comparing each conversation with its previous call.
 
@@ -176,7 +189,7 @@ class ContinuityTable:
         right after that answer. The slot's evidence is not logged, so a miss inside the
         answer before the restart is named ``server``.
         """
-        table = cls()
+        table = cls(max_keys, idle_s, clock)
         last_of: dict[tuple[str, str], tuple[str, str, str]] = {}
         for r in records:
             task, purpose, profile = r.get("task"), r.get("purpose"), r.get("model_profile")
@@ -203,7 +216,4 @@ class ContinuityTable:
         return self._last.get(key)
 
     def remember(self, key: tuple[str, str, str], call: PreviousCall) -> None:
-        self._last.pop(key, None)
-        self._last[key] = call
-        if len(self._last) > self.max_keys:
-            self._last.popitem(last=False)
+        self._last.put(key, call)

@@ -7,11 +7,14 @@ Pure apart from that bounded in-memory table; it must not do I/O.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import time
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
+
+from boundedcode_gateway.lru import Clock, IdleLru
 
 GREW_ONLY = -1
 
@@ -38,21 +41,36 @@ def first_changed(previous: Sequence[int], current: Sequence[int]) -> int:
     return GREW_ONLY
 
 
-class HistoryTracker:
-    """Remembers the last request's message digests per (task, purpose); bounded LRU."""
+# the digests kept over all (task, purpose) pairs: 8 bytes each, 32 MiB in all
+MAX_DIGESTS = 4 * 1024 * 1024
 
-    def __init__(self, max_keys: int = 4096) -> None:
-        self._last: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
-        self._max_keys = max_keys
+
+class HistoryTracker:
+    """Remembers the last request's message digests per (task, purpose): at most ``max_keys``
+    pairs and ``max_digests`` digests, none idle for longer than ``idle_s``; the least
+    recently used pair is forgotten first, and its next request reports ``-1``."""
+
+    def __init__(
+        self,
+        max_keys: int = 4096,
+        idle_s: float | None = None,
+        clock: Clock = time.monotonic,
+        max_digests: int = MAX_DIGESTS,
+    ) -> None:
+        self._last: IdleLru[tuple[str, str], array[int]] = IdleLru(
+            max_keys, idle_s, clock, max_weight=max_digests
+        )
+
+    def __len__(self) -> int:
+        return len(self._last)
 
     def observe(self, task: str, purpose: str, messages: Sequence[Any]) -> int:
         """Record this request's messages and return ``changed`` for it."""
-        digests = [message_digest(m) for m in messages]
+        # signed 64-bit, as hash() gives them: a third of the memory of a list of ints
+        digests = array("q", [message_digest(m) for m in messages])
         key = (task, purpose)
-        previous = self._last.pop(key, None)
-        self._last[key] = digests
-        if len(self._last) > self._max_keys:
-            self._last.popitem(last=False)
+        previous = self._last.pop(key)
+        self._last.put(key, digests, len(digests))
         if previous is None:
             return GREW_ONLY
         return first_changed(previous, digests)

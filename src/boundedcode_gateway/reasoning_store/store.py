@@ -12,17 +12,25 @@ concurrent calls never interleave and the request path never waits on disk.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
+import shutil
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from boundedcode_gateway import jsonl
+from boundedcode_gateway.lru import Clock, IdleLru
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -39,27 +47,44 @@ class ReasoningItem:
 
 
 class _Appender:
-    """The one thread that appends lines to the task files."""
+    """The one thread that appends lines to the task files, and does whatever else must not
+    run between two of its appends (a task folder's removal)."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[Path, bytes] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="reasoning-appender", daemon=True)
         self._thread.start()
 
     def append(self, path: Path, line: bytes) -> None:
-        self._queue.put((path, line))
+        self._queue.put(partial(_append_line, path, line))
+
+    def run(self, job: Callable[[], T]) -> Future[T]:
+        """``job`` on this thread once the lines queued before it are written."""
+        done: Future[T] = Future()
+
+        def run_job() -> None:
+            try:
+                done.set_result(job())
+            except BaseException as exc:
+                done.set_exception(exc)
+
+        self._queue.put(run_job)
+        return done
 
     def _run(self) -> None:
         while (job := self._queue.get()) is not None:
-            path, line = job
-            try:
-                jsonl.append(path, line)
-            except OSError:
-                log.exception("cannot append to %s", path)
+            job()
 
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(10)
+
+
+def _append_line(path: Path, line: bytes) -> None:
+    try:
+        jsonl.append(path, line)
+    except OSError:
+        log.exception("cannot append to %s", path)
 
 
 def _read_items(path: Path, kind: str) -> list[ReasoningItem]:
@@ -74,44 +99,90 @@ def _read_items(path: Path, kind: str) -> list[ReasoningItem]:
     return items
 
 
-class ReasoningStore:
-    """Every task's reasoning, loaded from its folder on first use."""
+Items = dict[tuple[str, str], ReasoningItem]
+# the reasoning kept in memory over all tasks, counted as the bytes of its lines
+MAX_BYTES_IN_MEMORY = 256 * 1024 * 1024
 
-    def __init__(self, data_dir: Path, files: Mapping[str, str]) -> None:
+
+class ReasoningStore:
+    """Every task's reasoning, loaded from its folder on first use.
+
+    A loaded task stays in memory while it is used: at most ``max_tasks`` of them and
+    ``max_bytes`` of their lines, none idle for longer than ``idle_s``. A task forgotten
+    is read from its folder again on its next call, once the lines still queued for it
+    are written, so it finds every item.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        files: Mapping[str, str],
+        max_tasks: int = 4096,
+        idle_s: float | None = None,
+        clock: Clock = time.monotonic,
+        max_bytes: int = MAX_BYTES_IN_MEMORY,
+    ) -> None:
         """``files``: each kind of reasoning's file in a task folder (the providers name them)."""
-        self._tasks_dir = data_dir / "tasks"
+        self.tasks_dir = data_dir / "tasks"
         self._files = dict(files)
-        self._items: dict[str, dict[tuple[str, str], ReasoningItem]] = {}
+        self._items: IdleLru[str, Items] = IdleLru(max_tasks, idle_s, clock, max_bytes)
         self._loading: dict[str, asyncio.Lock] = {}
         self._appender: _Appender | None = None
 
+    @property
+    def tasks_in_memory(self) -> int:
+        return len(self._items)
+
     def _path(self, task: str, kind: str) -> Path:
-        return self._tasks_dir / task / self._files[kind]
+        return self.tasks_dir / task / self._files[kind]
 
     async def task(self, task: str) -> TaskReasoning:
         """The task's reasoning, read from disk (off the event loop) the first time."""
-        if task not in self._items:
+        items = self._items.get(task)
+        if items is None:
             lock = self._loading.setdefault(task, asyncio.Lock())
             async with lock:
-                if task not in self._items:
-                    self._items[task] = await asyncio.to_thread(self._load, task)
-        return TaskReasoning(self, task)
+                items = self._items.get(task)
+                if items is None:
+                    loaded, size = await asyncio.to_thread(self._load, task)
+                    self._items.put(task, loaded, size)
+                    items = loaded
+                    # those waiting hold the lock itself; later calls find the items
+                    self._loading.pop(task, None)
+        return TaskReasoning(self, task, items)
 
-    def _load(self, task: str) -> dict[tuple[str, str], ReasoningItem]:
-        items: dict[tuple[str, str], ReasoningItem] = {}
+    def _load(self, task: str) -> tuple[Items, int]:
+        """The task's items and the bytes of their files."""
+        if self._appender is not None:
+            # lines of a task forgotten while they were queued: on disk before it is read
+            self._appender.run(lambda: None).result()
+        items: Items = {}
+        size = 0
         for kind in self._files:
-            for item in _read_items(self._path(task, kind), kind):
+            path = self._path(task, kind)
+            for item in _read_items(path, kind):
                 items[(kind, item.key)] = item
-        return items
+            with contextlib.suppress(OSError):
+                size += path.stat().st_size
+        return items, size
 
     def get(self, task: str, kind: str, key: str) -> ReasoningItem | None:
-        return self._items.get(task, {}).get((kind, key))
+        items = self._items.peek(task)
+        return None if items is None else items.get((kind, key))
 
-    def put(self, task: str, item: ReasoningItem) -> None:
-        """Keep an item in memory at once; its line reaches the file in the background."""
-        self._items.setdefault(task, {})[(item.kind, item.key)] = item
-        if self._appender is None:
-            self._appender = _Appender()
+    def put(self, task: str, item: ReasoningItem, items: Items | None = None) -> None:
+        """Keep an item in memory at once; its line reaches the file in the background.
+
+        ``items``: the task's items as a call holds them, which may be a task forgotten
+        since (the file, which the next load reads, gets the line all the same).
+        """
+        loaded = self._items.peek(task)
+        if loaded is None and items is None:
+            loaded = {}
+            self._items.put(task, loaded)
+        for held in (loaded, items):
+            if held is not None:
+                held[(item.kind, item.key)] = item
         line = (
             orjson.dumps(
                 {
@@ -123,7 +194,24 @@ class ReasoningStore:
             )
             + b"\n"
         )
-        self._appender.append(self._path(task, item.kind), line)
+        if loaded is not None:
+            self._items.grow(task, len(line))
+        self._running_appender().append(self._path(task, item.kind), line)
+
+    async def remove_folders_idle_since(self, cutoff: float) -> list[str]:
+        """Remove the task folders nothing was written to since ``cutoff`` (a ``time.time()``),
+        and forget those tasks; the tasks removed. Runs on the appender's thread, so no
+        line is being appended to a folder as it goes."""
+        job = self._running_appender().run(partial(remove_idle_folders, self.tasks_dir, cutoff))
+        removed = await asyncio.wrap_future(job)
+        for task in removed:
+            self._items.pop(task)
+        return removed
+
+    def _running_appender(self) -> _Appender:
+        if self._appender is None:
+            self._appender = _Appender()
+        return self._appender
 
     def close(self) -> None:
         """Write every line still queued."""
@@ -132,19 +220,50 @@ class ReasoningStore:
             self._appender = None
 
 
+def remove_idle_folders(tasks_dir: Path, cutoff: float) -> list[str]:
+    """Remove each folder under ``tasks_dir`` whose newest file was last modified before
+    ``cutoff``; the folders removed, by name. Blocking: never on the event loop."""
+    removed: list[str] = []
+    try:
+        folders = [p for p in tasks_dir.iterdir() if p.is_dir() and not p.is_symlink()]
+    except FileNotFoundError:
+        return removed
+    for folder in folders:
+        try:
+            newest = max(
+                (f.stat().st_mtime for f in folder.iterdir()), default=folder.stat().st_mtime
+            )
+        except OSError:
+            continue
+        if newest >= cutoff:
+            continue
+        try:
+            shutil.rmtree(folder)
+        except OSError:
+            log.exception("cannot remove the idle task folder %s", folder)
+            continue
+        removed.append(folder.name)
+    return removed
+
+
 class TaskReasoning:
-    """One task's view of the store, for one call."""
+    """One task's view of the store, for one call: the task's items as the call found them,
+    kept whatever the store forgets meanwhile."""
 
-    __slots__ = ("_store", "task")
+    __slots__ = ("_items", "_store", "task")
 
-    def __init__(self, store: ReasoningStore, task: str) -> None:
+    def __init__(self, store: ReasoningStore, task: str, items: Items | None = None) -> None:
         self._store = store
         self.task = task
+        self._items = items
 
     def find(self, kind: str, keys: Sequence[str]) -> ReasoningItem | None:
         """The item stored under any of the keys."""
         for key in keys:
-            item = self._store.get(self.task, kind, key)
+            if self._items is not None:
+                item = self._items.get((kind, key))
+            else:
+                item = self._store.get(self.task, kind, key)
             if item is not None:
                 return item
         return None
@@ -152,4 +271,5 @@ class TaskReasoning:
     def keep(self, kind: str, keys: Sequence[str], provider: str, profile: str, data: Any) -> None:
         """Store one turn's reasoning under each of its keys."""
         for key in keys:
-            self._store.put(self.task, ReasoningItem(kind, key, provider, profile, data))
+            item = ReasoningItem(kind, key, provider, profile, data)
+            self._store.put(self.task, item, self._items)

@@ -20,6 +20,7 @@ from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 from boundedcode_gateway.report.build import TaskReport
 from boundedcode_gateway.report.rows import CallRow
 from boundedcode_gateway.report.totals import TaskTotals
+from boundedcode_gateway.text import printable
 
 # (CallRow field, Markdown header); CSV and JSON use the field names
 CALL_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -107,7 +108,7 @@ def _md_cell(value: Any) -> str:
         return "-"
     if isinstance(value, float):
         return f"{value:.1f}"
-    return str(value).replace("|", "\\|")
+    return printable(str(value)).replace("|", "\\|")
 
 
 def _md_table(headers: Sequence[str], lines: Sequence[Sequence[str]]) -> list[str]:
@@ -155,7 +156,7 @@ def render_markdown(reports: Sequence[TaskReport]) -> str:
     if not reports:
         return "\n".join([*out, NO_CALLS, ""])
     for report in reports:
-        out.extend([f"## Task `{report.task}`", ""])
+        out.extend([f"## Task `{printable(report.task)}`", ""])
         if report.calls:
             lines = [[_md_cell(getattr(r, f)) for f, _ in CALL_COLUMNS] for r in report.calls]
             out.extend(_md_table([h for _, h in CALL_COLUMNS], lines))
@@ -184,8 +185,8 @@ def _csv_value(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, dict):
-        return ";".join(f"{k}={v}" for k, v in value.items())
-    return str(value)
+        value = ";".join(f"{k}={v}" for k, v in value.items())
+    return printable(str(value))
 
 
 def _csv(fields: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> str:

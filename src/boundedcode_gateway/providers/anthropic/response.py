@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.errors import GatewayError, MalformedResponse
-from boundedcode_gateway.json_values import int_or_none
+from boundedcode_gateway.json_values import count_or_none
 from boundedcode_gateway.providers.openai_shapes import (
     AnswerMessage,
     completion_body,
@@ -60,20 +60,20 @@ def read_usage(usage: Any, metrics: CallMetrics) -> None:
     """Fill token counts from an Anthropic ``usage`` (counts are cumulative; later wins)."""
     if not isinstance(usage, dict):
         return
-    fresh = int_or_none(usage.get("input_tokens"))
-    written = int_or_none(usage.get("cache_creation_input_tokens"))
-    read = int_or_none(usage.get("cache_read_input_tokens"))
+    fresh = count_or_none(usage.get("input_tokens"))
+    written = count_or_none(usage.get("cache_creation_input_tokens"))
+    read = count_or_none(usage.get("cache_read_input_tokens"))
     if fresh is not None or written is not None or read is not None:
         metrics.prompt_tokens = (fresh or 0) + (written or 0) + (read or 0)
         metrics.cached_tokens = read or 0
         # what Anthropic processed rather than read from its cache
         metrics.evaluated_tokens = (fresh or 0) + (written or 0)
-    output = int_or_none(usage.get("output_tokens"))
+    output = count_or_none(usage.get("output_tokens"))
     if output is not None:
         metrics.completion_tokens = output
     details = usage.get("output_tokens_details")
     if isinstance(details, dict):
-        reasoning = int_or_none(details.get("reasoning_tokens")) or int_or_none(
+        reasoning = count_or_none(details.get("reasoning_tokens")) or count_or_none(
             details.get("thinking_tokens")
         )
         if reasoning is not None:

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.errors import GatewayError, MalformedResponse
-from boundedcode_gateway.json_values import is_int
+from boundedcode_gateway.json_values import count_or_none
 from boundedcode_gateway.providers.base import RequestOptions
 from boundedcode_gateway.providers.gemini.signatures import SignatureCollector
 from boundedcode_gateway.providers.openai_shapes import (
@@ -63,8 +63,7 @@ def finish_reason(reason: str, has_calls: bool, message: Any = None) -> str:
 
 
 def _count(usage: dict[str, Any], key: str) -> int:
-    value = usage.get(key)
-    return value if is_int(value) else 0
+    return count_or_none(usage.get(key)) or 0
 
 
 def read_usage(usage: Any, metrics: CallMetrics) -> None:

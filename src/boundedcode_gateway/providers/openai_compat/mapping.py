@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.errors import GatewayError, MalformedResponse
-from boundedcode_gateway.json_values import int_or_none
+from boundedcode_gateway.json_values import count_or_none
 from boundedcode_gateway.policy.reasoning import (
     REASONING_FIELD,
     REASONING_KIND,
@@ -114,25 +114,25 @@ def schema_response_format(schema: RequestedSchema, strict: bool) -> dict[str, A
 
 def read_usage(usage: dict[str, Any], metrics: CallMetrics) -> None:
     """Fill token counts from an OpenAI ``usage`` object."""
-    metrics.prompt_tokens = int_or_none(usage.get("prompt_tokens"))
-    metrics.completion_tokens = int_or_none(usage.get("completion_tokens"))
+    metrics.prompt_tokens = count_or_none(usage.get("prompt_tokens"))
+    metrics.completion_tokens = count_or_none(usage.get("completion_tokens"))
     prompt_details = usage.get("prompt_tokens_details")
     if isinstance(prompt_details, dict):
-        metrics.cached_tokens = int_or_none(prompt_details.get("cached_tokens"))
+        metrics.cached_tokens = count_or_none(prompt_details.get("cached_tokens"))
     completion_details = usage.get("completion_tokens_details")
     if isinstance(completion_details, dict):
-        metrics.reasoning_tokens = int_or_none(completion_details.get("reasoning_tokens"))
+        metrics.reasoning_tokens = count_or_none(completion_details.get("reasoning_tokens"))
     if metrics.evaluated_tokens is None and metrics.prompt_tokens is not None:
         metrics.evaluated_tokens = metrics.prompt_tokens - (metrics.cached_tokens or 0)
 
 
 def read_timings(timings: dict[str, Any], metrics: CallMetrics) -> None:
     """Fill llama.cpp's own measurements: evaluated prompt tokens, prefill and decode times."""
-    prompt_n = int_or_none(timings.get("prompt_n"))
+    prompt_n = count_or_none(timings.get("prompt_n"))
     if prompt_n is not None:
         metrics.evaluated_tokens = prompt_n
     if metrics.cached_tokens is None:
-        metrics.cached_tokens = int_or_none(timings.get("cache_n"))
+        metrics.cached_tokens = count_or_none(timings.get("cache_n"))
     prompt_ms = timings.get("prompt_ms")
     predicted_ms = timings.get("predicted_ms")
     if isinstance(prompt_ms, int | float):
@@ -143,8 +143,8 @@ def read_timings(timings: dict[str, Any], metrics: CallMetrics) -> None:
 
 def read_progress(progress: dict[str, Any], metrics: CallMetrics) -> None:
     """Prompt size and cache hit from llama.cpp's ``prompt_progress``, before usage arrives."""
-    total = int_or_none(progress.get("total"))
-    cache = int_or_none(progress.get("cache"))
+    total = count_or_none(progress.get("total"))
+    cache = count_or_none(progress.get("cache"))
     if total is None or cache is None:
         return
     metrics.prompt_tokens = total
