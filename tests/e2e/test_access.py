@@ -31,11 +31,13 @@ OTHER_SECRET = "another-token-secret-of-32-bytes-or-more"
 # made fresh for each run, so finding one in a file can only mean the gateway wrote it
 LOCAL_KEY = new_key()
 OPS_KEY = new_key()
+ADMIN_KEY = new_key()
 AUTH = {
     "token_secret_env": SECRET_ENV,
     "keys": [
         {"name": "ci", "sha256": key_digest(LOCAL_KEY), "models": ["local"]},
         {"name": "ops", "sha256": key_digest(OPS_KEY), "models": ["*"]},
+        {"name": "admin", "sha256": key_digest(ADMIN_KEY), "models": ["*"], "admin": True},
     ],
 }
 CHAT_PATHS = ["/v1/chat/completions", "/chat/completions", "/tasks/t-1/v1/chat/completions"]
@@ -246,6 +248,26 @@ def test_litellm_raises_its_auth_errors(secured: Gateway) -> None:
     assert litellm_call(secured, "local", LOCAL_KEY).choices[0].message.content
     chunks = list(litellm_call(secured, "local", token(), stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/ready"])
+def test_the_operators_endpoints_answer_an_admin_key_only(
+    http: httpx.Client, gateway: Gateway, path: str
+) -> None:
+    assert http.get(path).status_code == 401
+    for credential in (OPS_KEY, token()):
+        refused = http.get(path, headers=bearer(credential))
+        assert refused.status_code == 403
+        assert refused.json()["error"]["code"] == "admin_required"
+    answered = http.get(path, headers=bearer(ADMIN_KEY))
+    # /ready is 503 while a profile cannot take calls; either way the admin is answered
+    assert answered.status_code in (200, 503)
+    assert answered.headers["content-type"].startswith(
+        "text/plain" if path == "/metrics" else "application/json"
+    )
+    # without auth:, on loopback, they are open
+    assert httpx.get(gateway.url + path, timeout=10).status_code in (200, 503)
+    assert httpx.get(gateway.url + "/health", timeout=10).status_code == 200
 
 
 def test_no_auth_means_no_caller_and_no_checks(gateway: Gateway) -> None:

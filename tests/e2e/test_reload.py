@@ -18,6 +18,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from boundedcode_gateway.access.keys import key_digest, new_key
 from boundedcode_gateway.app import GatewayApp, ReloadResult, create_app
 from boundedcode_gateway.config import ConfigSource, load_config
 from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
@@ -204,6 +205,39 @@ def test_a_reload_adds_changes_and_removes_profiles_for_new_calls(
     with pytest.raises(openai.APIStatusError) as info:
         client.chat.completions.create(model="gpt", messages=long)
     assert info.value.status_code == 413
+
+
+def test_a_reload_changes_keys_allowed_hosts_and_budgets(
+    upstreams: Upstreams, from_file: FileGatewayFactory
+) -> None:
+    old_key, new_key_ = new_key(), new_key()
+
+    def auth(key: str, models: list[str]) -> dict[str, Any]:
+        return {"keys": [{"name": "ci", "sha256": key_digest(key), "models": models}]}
+
+    models = {"gpt": upstreams.profiles["gpt"], "glm": upstreams.profiles["glm"]}
+    roomy = {"task": {"max_tokens": 1_000_000, "per": "lifetime"}}
+    fg = from_file(models, auth=auth(old_key, ["gpt"]), budgets=roomy)
+    chat = fg.gw.url + "/v1/chat/completions"
+
+    def status(key: str, model: str = "gpt", host: str = "127.0.0.1", task: str = "t") -> int:
+        body = {"model": model, "messages": ASK}
+        headers = {"Authorization": f"Bearer {key}", "Host": host, "X-BoundedCode-Task": task}
+        return httpx.post(chat, json=body, headers=headers, timeout=10).status_code
+
+    assert (status(old_key), status(old_key, "glm"), status(new_key_)) == (200, 403, 401)
+    assert status(old_key, host="gateway.example") == 403
+    fg.settings["auth"] = auth(new_key_, ["*"])
+    fg.settings["limits"] = {"allowed_hosts": ["gateway.example"]}
+    fg.settings["budgets"] = {"task": {"max_tokens": 1, "per": "lifetime"}}
+    fg.write(models)
+    changes = changes_of(fg.reload())
+    # no upstream is rebuilt for keys, hosts or budgets
+    assert set(changes.unchanged) == {"gpt", "glm"}
+    assert status(old_key) == 401
+    # the new key and host are let in; task t spent more than the new budget before
+    assert status(new_key_, "glm", host="gateway.example") == 429
+    assert (status(new_key_, task="u"), status(new_key_, task="u")) == (200, 429)
 
 
 def alive(pid: int) -> bool:

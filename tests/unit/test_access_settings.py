@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from boundedcode_gateway.app import _check_listening
 from boundedcode_gateway.config import parse_config
 from boundedcode_gateway.errors import ConfigError
 
@@ -61,3 +62,16 @@ def test_keys_and_hosts_load() -> None:
 def test_mistakes_are_named(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse_config(text + MODELS)
+
+
+def test_a_reload_may_not_take_auth_from_a_gateway_listening_off_loopback() -> None:
+    models = 'models: {local: {provider: local, external_url: "http://127.0.0.1:9"}}\n'
+    keyed = parse_config(
+        f'auth: {{keys: [{{name: a, sha256: "{"ab" * 32}", models: ["*"]}}]}}\n' + models
+    )
+    open_ = parse_config(models)
+    with pytest.raises(ConfigError, match="a reload cannot remove auth"):
+        _check_listening("0.0.0.0", keyed, open_)
+    _check_listening("127.0.0.1", keyed, open_)  # loopback: no keys needed
+    _check_listening("0.0.0.0", open_, open_)  # started so with --insecure-no-auth
+    _check_listening("0.0.0.0", keyed, keyed)
