@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from boundedcode_gateway import jsonl
-from boundedcode_gateway.config import GatewayConfig
+from boundedcode_gateway.config import GatewayConfig, UpstreamLimitsSettings
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.ingress.render import Receive, Send, send_error
 from boundedcode_gateway.ingress.routes import Router
@@ -18,7 +18,7 @@ from boundedcode_gateway.providers.base import Upstream
 from boundedcode_gateway.providers.registry import REASONING_FILES, build_upstreams
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.service import GatewayService
-from boundedcode_gateway.upstream.http import HttpClient, Timeouts
+from boundedcode_gateway.upstream.http import HttpClient, Limits, Timeouts
 from boundedcode_gateway.upstream.proxy import ProxySettings
 
 log = logging.getLogger(__name__)
@@ -36,9 +36,15 @@ class GatewayApp:
         proxies = ProxySettings.from_environ(os.environ)
         if proxies.describe():
             log.info("proxy: %s", proxies.describe())
+        inference = config.inference
         self.http = HttpClient(
-            Timeouts(config.inference.connect_timeout_s, config.inference.read_timeout_s),
+            Timeouts(
+                inference.connect_timeout_s,
+                inference.read_timeout_s,
+                inference.upstream_limits.header_timeout_s,
+            ),
             proxies,
+            upstream_limits(inference.upstream_limits),
         )
         self.upstreams: dict[str, Upstream] = build_upstreams(config, self.http)
         self.writer = MeterWriter(config.calls_path, config.ledger_path, enabled=config.metering)
@@ -48,7 +54,7 @@ class GatewayApp:
             jsonl.read_objects(config.calls_path, tail_bytes=CONTINUITY_TAIL_BYTES)
         )
         self.service = GatewayService(
-            self.upstreams, self.http, self.writer, self.reasoning, continuity
+            self.upstreams, self.http, self.writer, self.reasoning, continuity, inference.max_call_s
         )
         self.router = Router(self.service, config.max_body_bytes)
         self._started = False
@@ -102,6 +108,16 @@ class GatewayApp:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def upstream_limits(settings: UpstreamLimitsSettings) -> Limits:
+    """``inference.upstream_limits`` in bytes, as the HTTP client and the relay apply them."""
+    return Limits(
+        body_bytes=int(settings.max_body_mib * (1 << 20)),
+        inflated_bytes=int(settings.max_inflated_mib * (1 << 20)),
+        event_bytes=int(settings.max_event_mib * (1 << 20)),
+        head_bytes=int(settings.max_header_kib * (1 << 10)),
+    )
 
 
 def create_app(config: GatewayConfig) -> GatewayApp:

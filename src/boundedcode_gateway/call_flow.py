@@ -10,13 +10,23 @@ place a call's fields are written.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from boundedcode_gateway import discard
 from boundedcode_gateway.attempts import AttemptLog, Attempts
-from boundedcode_gateway.errors import GatewayError, StreamBroken, UpstreamFailure
+from boundedcode_gateway.errors import (
+    GatewayError,
+    StreamBroken,
+    UpstreamFailure,
+    UpstreamTimeout,
+    redact_bytes,
+    redact_error,
+    redact_optional,
+    secret_forms,
+)
 from boundedcode_gateway.llama_server.cache_keeper import AnsweredCall, CacheKeeper
 from boundedcode_gateway.metering.meter import Meter, derived_ttft
 from boundedcode_gateway.policy import structured
@@ -46,10 +56,30 @@ class JsonAnswer:
     body: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class CallDeadline:
+    """When a call must have ended (``inference.max_call_s``), on the event loop's clock."""
+
+    at: float
+    limit_s: float
+
+    @classmethod
+    def after(cls, limit_s: float, elapsed_s: float) -> CallDeadline:
+        """The deadline of a call that began ``elapsed_s`` ago."""
+        return cls(asyncio.get_running_loop().time() + limit_s - elapsed_s, limit_s)
+
+    def error(self) -> UpstreamTimeout:
+        return UpstreamTimeout(
+            f"the call ran longer than inference.max_call_s ({self.limit_s:g} s)"
+        )
+
+
 @dataclass(slots=True)
 class StreamAnswer:
     first: bytes
     relay: StreamRelay
+    # the rest of the stream must arrive before it (None: no limit)
+    deadline: CallDeadline | None = None
 
 
 @dataclass(slots=True)
@@ -201,6 +231,8 @@ class CallFlow:
             continue_from=lambda partial: upstream.continuation(
                 attempts.prepared, partial, options
             ),
+            secrets=upstream.secrets(),
+            max_event_bytes=self._shared.http.limits.event_bytes,
         )
         self._relay = relay
         try:
@@ -222,11 +254,15 @@ class CallFlow:
                     raise
                 continue
             metrics = CallMetrics()
+            secrets = self._upstream.secrets()
             try:
                 out = self._upstream.from_response(raw, metrics, call.options)
             except GatewayError as exc:
+                redact_error(exc, secrets)
                 attempts.log(exc.http_status, exc.code)
                 raise
+            if secrets:  # the key never reaches the caller, whatever the upstream wrote
+                out = redact_bytes(out, secret_forms(secrets))
             attempts.log(200, None)
             self._answered(call, metrics)
             self._metrics = metrics
@@ -302,6 +338,13 @@ class CallFlow:
         else:
             self._meter.error(error)
 
+    def interrupted(self, error: GatewayError) -> None:
+        """The attempt running when the call was stopped from outside (its deadline) is
+        logged with the error that stopped it."""
+        log = self._log
+        if log.count > len(log.entries):
+            log.entries.append({"status": error.http_status, "code": error.code})
+
     def _fill(self) -> None:
         """The record's call fields: the one place they are written."""
         r, upstream, relay = self._meter.record, self._upstream, self._relay
@@ -334,6 +377,8 @@ class CallFlow:
             r.evaluated_tokens = metrics.evaluated_tokens
             r.prefill_ms = metrics.prefill_ms
             r.decode_ms = metrics.decode_ms
-            r.finish_reason = metrics.finish_reason
+            # words of the upstream's own: the key never reaches a record through them
+            secrets = upstream.secrets()
+            r.finish_reason = redact_optional(metrics.finish_reason, secrets)
             if metrics.upstream_model:
-                r.upstream_model = metrics.upstream_model
+                r.upstream_model = redact_optional(metrics.upstream_model, secrets)

@@ -9,9 +9,16 @@ call are ``call_flow.CallFlow``.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
-from boundedcode_gateway.call_flow import CallFlow, JsonAnswer, SharedState, StreamAnswer
+from boundedcode_gateway.call_flow import (
+    CallDeadline,
+    CallFlow,
+    JsonAnswer,
+    SharedState,
+    StreamAnswer,
+)
 from boundedcode_gateway.errors import GatewayError, ModelNotFound, internal_error
 from boundedcode_gateway.llama_server.cache_keeper import CacheKeeper
 from boundedcode_gateway.metering.meter import CallContext, Meter
@@ -35,8 +42,10 @@ class GatewayService:
         writer: MeterWriter,
         reasoning: ReasoningStore,
         continuity: ContinuityTable | None = None,
+        max_call_s: float | None = None,
     ) -> None:
         self.upstreams = upstreams
+        self._max_call_s = max_call_s
         self._http = http
         self._writer = writer
         continuity = continuity if continuity is not None else ContinuityTable()
@@ -52,6 +61,8 @@ class GatewayService:
         model: str = body["model"]
         meter = Meter(self._writer, ctx, model, messages=len(body["messages"]))
         flow: CallFlow | None = None
+        deadline = self._deadline(ctx)
+        timeout: asyncio.Timeout | None = None
         try:
             upstream = self.upstreams.get(model)
             if upstream is None:
@@ -59,7 +70,11 @@ class GatewayService:
                     f"The model '{model}' does not exist on this gateway", param="model"
                 )
             flow = CallFlow(self._shared, meter, upstream, self.keeper(upstream), body)
-            answer = await flow.run()
+            if deadline is None:
+                answer = await flow.run()
+            else:
+                async with (timeout := asyncio.timeout_at(deadline.at)):
+                    answer = await flow.run()
         except GatewayError as exc:
             _end(meter, flow, exc)
             raise
@@ -67,12 +82,25 @@ class GatewayService:
             _end(meter, flow, None, cancelled=True)
             raise
         except Exception as exc:
-            internal = internal_error(ctx.call_id)
-            _end(meter, flow, internal)
-            raise internal from exc
+            if deadline is not None and timeout is not None and timeout.expired():
+                error: GatewayError = deadline.error()
+                if flow is not None:
+                    flow.interrupted(error)
+            else:
+                error = internal_error(ctx.call_id)
+            _end(meter, flow, error)
+            raise error from exc
         if isinstance(answer, JsonAnswer):
             flow.end(None)  # a streamed answer's relay ends the call
+        else:
+            answer.deadline = deadline
         return answer
+
+    def _deadline(self, ctx: CallContext) -> CallDeadline | None:
+        """``inference.max_call_s`` from the call's start (its body read included)."""
+        if self._max_call_s is None:
+            return None
+        return CallDeadline.after(self._max_call_s, time.perf_counter() - ctx.started)
 
     @property
     def keepers(self) -> dict[str, CacheKeeper]:

@@ -16,7 +16,7 @@ import yaml
 
 from boundedcode_gateway.app import GatewayApp, create_app
 from boundedcode_gateway.config import parse_config
-from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
+from boundedcode_gateway.ingress.server import gathering_protocol
 from boundedcode_gateway.metering.calllog import read_calls
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 from tests.fakes.llama_server import FakeLlamaServer
@@ -143,7 +143,9 @@ def start_gateway(tmp_path: Path) -> Iterator[GatewayFactory]:
         text = yaml.safe_dump({"data_dir": str(data_dir), **settings, "models": models})
         app = create_app(parse_config(text))
         # the HTTP protocol `boundedcode-gateway serve` runs
-        server = serve_in_thread(app, lifespan="on", http=GatheringHttpToolsProtocol)
+        server = serve_in_thread(
+            app, lifespan="on", http=gathering_protocol(app.config.inference.write_stall_s)
+        )
         gw = Gateway(app, server, data_dir)
         running.append(gw)
         return gw

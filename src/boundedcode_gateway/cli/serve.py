@@ -11,7 +11,7 @@ import uvicorn
 
 from boundedcode_gateway.app import create_app
 from boundedcode_gateway.config import GatewayConfig
-from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
+from boundedcode_gateway.ingress.server import gathering_protocol
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8780
@@ -57,8 +57,9 @@ def run_serve(config: GatewayConfig, host: str, port: int) -> int:
             host=host,
             port=port,
             loop=_loop(),
-            # uvicorn's httptools protocol, its writes gathered per loop turn
-            http=GatheringHttpToolsProtocol,
+            # uvicorn's httptools protocol, its writes gathered per loop turn, a caller
+            # that stops reading cut off
+            http=gathering_protocol(config.inference.write_stall_s),
             lifespan="on",
             access_log=False,
             # the gateway never reads the caller's address: no X-Forwarded-* rewriting

@@ -4,11 +4,17 @@ uvicorn writes a response's status line and headers, then its body, each with
 its own ``transport.write`` and so its own ``send`` system call; a JSON answer
 takes two where one does, and a stream's head and first chunk likewise. Writes
 made in one turn of the event loop are joined and sent once at the end of it.
+
+It also drops a caller that stops reading: uvicorn holds the answer's writes
+while the transport's buffer is full (``pause_writing``) and would hold them,
+and the upstream call behind them, for as long as the caller keeps its
+connection open.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -63,10 +69,61 @@ class GatheringTransport:
         return getattr(self._transport, name)
 
 
+log = logging.getLogger(__name__)
+
+# ``inference.write_stall_s``'s default
+WRITE_STALL_S = 60.0
+
+
 class GatheringHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's protocol on a ``GatheringTransport``; pass it as ``uvicorn.Config(http=...)``."""
+    """uvicorn's protocol on a ``GatheringTransport``; pass it as ``uvicorn.Config(http=...)``
+    (``gathering_protocol`` gives it another write-stall limit).
+
+    A caller whose connection stays full for ``write_stall_s`` (the transport's buffer
+    above its high-water mark, and not drained below the low one) is cut off: uvicorn
+    then reports the disconnect, and the call ends as any caller's leaving does.
+    """
+
+    write_stall_s: float = WRITE_STALL_S
+    _stall: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         loop = asyncio.get_running_loop()
         # duck-typed: everything but write/close/abort goes to the real transport
         super().connection_made(cast(asyncio.Transport, GatheringTransport(transport, loop)))
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall is None:
+            self._stall = self.loop.call_later(self.write_stall_s, self._stalled)
+
+    def resume_writing(self) -> None:
+        self._stop_stall_timer()
+        super().resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_stall_timer()
+        super().connection_lost(exc)
+
+    def _stop_stall_timer(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def _stalled(self) -> None:
+        self._stall = None
+        log.warning(
+            "a caller left its answer unread for %g s (inference.write_stall_s); "
+            "its connection is closed",
+            self.write_stall_s,
+        )
+        self.transport.abort()
+
+
+def gathering_protocol(write_stall_s: float) -> type[GatheringHttpToolsProtocol]:
+    """The protocol class with its own write-stall limit (``inference.write_stall_s``)."""
+    return type(
+        "GatheringHttpToolsProtocol",
+        (GatheringHttpToolsProtocol,),
+        {"write_stall_s": write_stall_s},
+    )

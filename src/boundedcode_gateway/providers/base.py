@@ -176,6 +176,10 @@ class Upstream(Protocol):
         """The server's cache to follow after each answer; None where it cannot be read."""
         ...
 
+    def secrets(self) -> tuple[str, ...]:
+        """What must never reach a caller, a record or a log: the profile's API key."""
+        ...
+
     async def close(self) -> None:
         """Release what the adapter holds."""
         ...

@@ -78,5 +78,5 @@ class TranslatingUpstream:
             )
         return key
 
-    def _secrets(self) -> tuple[str, ...]:
+    def secrets(self) -> tuple[str, ...]:
         return self._profile.secrets()

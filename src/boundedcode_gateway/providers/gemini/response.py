@@ -23,7 +23,11 @@ from boundedcode_gateway.providers.openai_shapes import (
     completion_body,
     tool_call,
 )
-from boundedcode_gateway.providers.upstream_errors import error_from_text, upstream_error
+from boundedcode_gateway.providers.upstream_errors import (
+    TEXT_CHARS,
+    error_from_text,
+    upstream_error,
+)
 from boundedcode_gateway.upstream.metrics import CallMetrics
 
 # Gemini's finishReason → OpenAI's finish_reason ("stop" becomes "tool_calls" with calls)
@@ -229,7 +233,9 @@ def error_from_gemini(status: int, raw: bytes, secrets: tuple[str, ...]) -> Gate
         return error_from_text(status, raw, secrets)
     error = _error_object(obj)
     if error is None:
-        return upstream_error(status, str(obj)[:500], error_type=None, code=None, secrets=secrets)
+        return upstream_error(
+            status, str(obj), error_type=None, code=None, secrets=secrets, max_chars=TEXT_CHARS
+        )
     return _gateway_error(status, error, secrets)
 
 
