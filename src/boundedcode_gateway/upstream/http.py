@@ -119,9 +119,11 @@ class _Protocol(asyncio.Protocol):
         self.got_bytes = False
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
-        # the response head: bytes so far (interim responses included), when it began
-        # (None until its first byte, and again after an interim response)
+        # the response head: bytes received while it had not ended, and the size of its
+        # header lines (interim responses included in both); when it began (None until
+        # its first byte, and again after an interim response)
         self.head_bytes = 0
+        self._header_bytes = 0
         self.head_started: float | None = None
         self._interim = False
 
@@ -145,13 +147,21 @@ class _Protocol(asyncio.Protocol):
             self._fail(_Cut("the upstream switched protocols"))
         except httptools.HttpParserError as exc:
             self._fail(_Cut(f"the upstream's answer is not valid HTTP: {exc}"))
-        if heading and not self.headers_done and self.head_bytes > self._head_limit:
+        if heading and self._head_too_large():
+            self.headers_done = False  # a head past the limit is never handed over
             self._fail(
                 _HeadTooLarge(
                     f"the upstream's response head is larger than "
                     f"inference.upstream_limits.max_header_kib ({self._head_limit >> 10} KiB)"
                 )
             )
+
+    def _head_too_large(self) -> bool:
+        """The header lines (all received at once), or a head not ended after as many
+        bytes, past the limit."""
+        if self._header_bytes > self._head_limit:
+            return True
+        return not self.headers_done and self.head_bytes > self._head_limit
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -173,6 +183,7 @@ class _Protocol(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.raw_headers.append((name, value))
+        self._header_bytes += len(name) + len(value) + 4
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
