@@ -290,9 +290,7 @@ def test_an_event_over_several_data_lines_reaches_the_caller_as_one_valid_event(
     )
     # and the SDK reads it as any other stream
     parts = gw.client().chat.completions.create(model="hostile", messages=HELLO, stream=True)
-    assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == (
-        "Hello, world"
-    )
+    assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == ("Hello, world")
 
 
 # -- the call's deadline
