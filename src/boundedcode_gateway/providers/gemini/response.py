@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from boundedcode_gateway.errors import GatewayError, MalformedResponse
+from boundedcode_gateway.errors import GatewayError, MalformedResponse, redact
 from boundedcode_gateway.json_values import is_int
 from boundedcode_gateway.providers.base import RequestOptions
 from boundedcode_gateway.providers.gemini.signatures import SignatureCollector
@@ -241,7 +241,8 @@ def error_from_gemini(status: int, raw: bytes, secrets: tuple[str, ...]) -> Gate
 
 def _gateway_error(status: int, error: dict[str, Any], secrets: tuple[str, ...]) -> GatewayError:
     canonical = error.get("status")
-    code = canonical.lower() if isinstance(canonical, str) and canonical else None
+    # the key is taken out before the case is folded, which would hide it from redaction
+    code = redact(canonical, secrets).lower() if isinstance(canonical, str) and canonical else None
     if status == 503:
         code = "upstream_unavailable"
     message = str(error.get("message") or canonical or "Gemini answered with an error")
