@@ -126,6 +126,20 @@ def test_an_answer_past_the_body_limit(
     assert last_record(gw)["error_code"] == "upstream_response_too_large"
 
 
+def test_a_declared_length_past_the_limit_is_refused_before_the_body(
+    start_gateway: GatewayFactory, hostile: HostileUpstream
+) -> None:
+    huge = head(200, {"Content-Type": "application/json", "Content-Length": str(1 << 40)})
+    hostile.queue(Play([huge, b'{"id": '], then="hold"))
+    gw = start(start_gateway, hostile, **limits(max_body_mib=1))
+    started = time.monotonic()
+    resp = chat(gw)
+    assert time.monotonic() - started < 3  # not a wait for a body that will never come
+    assert resp.status_code == 502
+    assert error_of(resp)["code"] == "upstream_response_too_large"
+    assert hostile.client_left.wait(5)
+
+
 def test_a_stream_line_that_never_ends_before_content(
     start_gateway: GatewayFactory, hostile: HostileUpstream
 ) -> None:
@@ -296,13 +310,17 @@ def test_an_event_over_several_data_lines_reaches_the_caller_as_one_valid_event(
 # -- the call's deadline
 
 
-def test_a_whole_answer_past_max_call_s_is_a_504(
-    start_gateway: GatewayFactory, hostile: HostileUpstream
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed-before-content"])
+def test_an_answer_past_max_call_s_before_content_is_a_504(
+    start_gateway: GatewayFactory, hostile: HostileUpstream, stream: bool
 ) -> None:
-    hostile.queue(Play([4.0, whole(200, orjson.dumps(completion("late")))]))
+    if stream:
+        hostile.queue(Play([4.0, *openai_stream(["late"]).steps]))
+    else:
+        hostile.queue(Play([4.0, whole(200, orjson.dumps(completion("late")))]))
     gw = start(start_gateway, hostile, max_call_s=0.5)
     started = time.monotonic()
-    resp = chat(gw)
+    resp = chat(gw, stream=stream)
     assert time.monotonic() - started < 3
     assert resp.status_code == 504
     error = error_of(resp)
