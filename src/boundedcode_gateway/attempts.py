@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from boundedcode_gateway.errors import GatewayError, MalformedResponse
+from boundedcode_gateway.errors import GatewayError, MalformedResponse, ResponseTooLarge
 from boundedcode_gateway.policy.retry import decide, retry_after_s
 from boundedcode_gateway.providers.base import PreparedRequest, Upstream
 from boundedcode_gateway.upstream.http import HttpClient, UpstreamResponse, read_body
@@ -108,7 +108,11 @@ class Attempts:
                 )
                 self.log(odd.http_status, odd.code)
                 raise odd
-            raw = await read_body(resp)
+            try:
+                raw = await read_body(resp)
+            except ResponseTooLarge as exc:  # an error body past the limits
+                self.log(exc.http_status, exc.code)
+                raise
             error = self._upstream.error_from_response(resp.status, raw, resp.headers)
             await self.again_or_raise(error, resp.headers)
 

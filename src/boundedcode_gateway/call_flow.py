@@ -253,6 +253,9 @@ class CallFlow:
                 if not attempts.resend_after_break():
                     raise
                 continue
+            except GatewayError as exc:  # an answer past the limits
+                attempts.log(exc.http_status, exc.code)
+                raise
             metrics = CallMetrics()
             secrets = self._upstream.secrets()
             try:

@@ -90,6 +90,16 @@ def test_an_event_past_the_limit_is_refused() -> None:
         decoder.feed(b"data: " + b"b" * 60 + b"\ndata: " + b"c" * 60 + b"\n")
 
 
+@pytest.mark.parametrize("pieces", [1, 3, 50])
+def test_a_whole_event_past_the_limit_is_refused_however_it_arrives(pieces: int) -> None:
+    stream = b"data: " + b"d" * 150 + b"\n\n"
+    size = -(-len(stream) // pieces)
+    decoder = SSEDecoder(max_event_bytes=100)
+    with pytest.raises(EventTooLarge):
+        for i in range(0, len(stream), size):
+            decoder.feed(stream[i : i + size])
+
+
 def test_a_line_that_never_ends_is_refused_however_it_arrives() -> None:
     decoder = SSEDecoder(max_event_bytes=1000)
     decoder.feed(b"data: {")

@@ -95,6 +95,8 @@ class SSEDecoder:
             self._data.append(value)
             self._data_size += len(value)
             self._has_data = True
+            if self._data_size > self._limit:  # before the event is dispatched whole
+                raise EventTooLarge(self._limit)
         elif name == b"event":
             self._event = value.decode("utf-8", "replace")
 
