@@ -126,6 +126,20 @@ def test_an_answer_past_the_body_limit(
     assert last_record(gw)["error_code"] == "upstream_response_too_large"
 
 
+def test_an_error_body_past_the_limit_is_not_sent_again(
+    start_gateway: GatewayFactory, hostile: HostileUpstream
+) -> None:
+    huge = orjson.dumps({"error": {"message": "m" * (2 << 20), "type": "server_error"}})
+    hostile.queue(Play([whole(503, huge, {"Content-Type": "application/json"})]))
+    gw = start(start_gateway, hostile, **limits(max_body_mib=1))
+    resp = chat(gw)
+    assert resp.status_code == 502
+    assert error_of(resp)["code"] == "upstream_response_too_large"
+    record = last_record(gw)
+    assert record["attempt_log"] == [{"status": 502, "code": "upstream_response_too_large"}]
+    assert len(hostile.requests) == 1
+
+
 def test_a_declared_length_past_the_limit_is_refused_before_the_body(
     start_gateway: GatewayFactory, hostile: HostileUpstream
 ) -> None:
