@@ -302,8 +302,11 @@ def multi_line(event: bytes) -> bytes:
 def test_an_event_over_several_data_lines_reaches_the_caller_as_one_valid_event(
     start_gateway: GatewayFactory, hostile: HostileUpstream
 ) -> None:
-    events = openai_stream(["Hello", ", ", "world"]).steps
-    split = [events[0], *(multi_line(e) if e.startswith(b"data: {") else e for e in events[1:])]
+    events = [e for e in openai_stream(["Hello", ", ", "world"]).steps if isinstance(e, bytes)]
+    split: list[bytes | float] = [
+        events[0],
+        *(multi_line(e) if e.startswith(b"data: {") else e for e in events[1:]),
+    ]
     hostile.queue(Play(split), Play(split))
     gw = start(start_gateway, hostile)
     resp = chat(gw, stream=True)
