@@ -291,7 +291,11 @@ class StreamRelay:
 
     def fail(self, exc: GatewayError) -> bytes:
         """End the answer with ``exc`` (a limit of the whole call, met outside the relay):
-        the attempt is logged, the upstream closed; the in-stream error to send back."""
+        the attempt is logged, the upstream closed; the in-stream error to send back.
+        An answer already whole (recorded, its end held up on the way to the caller) is
+        not turned into an error: its end is sent again."""
+        if self._complete:
+            return DONE_EVENT
         self._attempts.log(exc.http_status, exc.code)
         return self._fail(exc)
 
