@@ -7,6 +7,7 @@ is reported as missing instead of failing the run.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sys
@@ -23,6 +24,8 @@ PORTKEY_SERVER = BENCH_DIR / "node_modules/@portkey-ai/gateway/build/start-serve
 LOOPBACK_PRELOAD = Path(__file__).resolve().parent / "loopback.mjs"
 STARTUP_TIMEOUT_S = 90.0  # the LiteLLM proxy imports for a long while on a slow core
 BENCH_KEY = "sk-bench-not-secret"
+# the caller key of the gateway-auth target (its SHA-256 is in that gateway's auth:)
+CALLER_KEY = "bcg_bench-caller-key-not-secret"
 
 
 @dataclass
@@ -67,12 +70,13 @@ def _direct(env: Env) -> Running:
     )
 
 
-def _gateway_config(env: Env, metering: bool, with_claude: bool) -> Path:
+def _gateway_config(env: Env, name: str, metering: bool, with_claude: bool) -> Path:
     fake = f"http://127.0.0.1:{env.fake_port}/v1"
-    name = "gateway" if metering else "gateway-nometer"
     lines = [
         f"data_dir: {env.work / name}",
         *([] if metering else ["metering: false"]),
+        # gateway-auth: every request carries a caller key the gateway looks up
+        *(_auth_lines() if name == "gateway-auth" else []),
         "models:",
         f"  {MODEL}:",
         "    provider: openai-compatible",
@@ -92,10 +96,15 @@ def _gateway_config(env: Env, metering: bool, with_claude: bool) -> Path:
     return path
 
 
+def _auth_lines() -> list[str]:
+    digest = hashlib.sha256(CALLER_KEY.encode()).hexdigest()
+    return ["auth:", "  keys:", f'    - {{name: bench, sha256: "{digest}", models: ["*"]}}']
+
+
 def _start_gateway(
     env: Env, name: str, metering: bool, with_claude: bool
 ) -> tuple[procs.Proc, int]:
-    config = _gateway_config(env, metering, with_claude)
+    config = _gateway_config(env, name, metering, with_claude)
     port = procs.free_port()
     argv = [sys.executable, "-m", "boundedcode_gateway", "serve", "--config", str(config)]
     argv += ["--host", "127.0.0.1", "--port", str(port)]
@@ -109,7 +118,9 @@ def _start_gateway(
 
 
 def _gateway(env: Env, name: str, metering: bool) -> Running:
-    openai = Route("/v1/chat/completions", {"authorization": "Bearer unused"}, MODEL)
+    key = CALLER_KEY if name == "gateway-auth" else "unused"
+    headers = {"authorization": f"Bearer {key}"}
+    openai = Route("/v1/chat/completions", headers, MODEL)
     try:
         proc, port = _start_gateway(env, name, metering, with_claude=True)
     except RuntimeError:
@@ -118,7 +129,7 @@ def _gateway(env: Env, name: str, metering: bool) -> Running:
         running = Running(name, port, {"openai": openai}, proc)
         running.notes["anthropic"] = "n/a (no anthropic adapter)"
         return running
-    anthropic = Route("/v1/chat/completions", {"authorization": "Bearer unused"}, CLAUDE)
+    anthropic = Route("/v1/chat/completions", headers, CLAUDE)
     return Running(name, port, {"openai": openai, "anthropic": anthropic}, proc)
 
 
@@ -211,6 +222,7 @@ STARTERS: dict[str, Starter] = {
     "direct": _direct,
     "gateway": lambda env: _gateway(env, "gateway", metering=True),
     "gateway-nometer": lambda env: _gateway(env, "gateway-nometer", metering=False),
+    "gateway-auth": lambda env: _gateway(env, "gateway-auth", metering=True),
     "litellm": _litellm,
     "portkey": _portkey,
 }

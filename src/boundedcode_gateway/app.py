@@ -15,7 +15,7 @@ from boundedcode_gateway.access.listen import listen_refusal
 from boundedcode_gateway.access.sites import DEFAULT_LISTEN_HOST
 from boundedcode_gateway.budgets.book import BudgetBook, budgets_configured
 from boundedcode_gateway.budgets.store import LedgerSpendStore, SpendStore
-from boundedcode_gateway.config import ConfigSource, GatewayConfig
+from boundedcode_gateway.config import ConfigSource, GatewayConfig, UpstreamLimitsSettings
 from boundedcode_gateway.errors import ConfigError, GatewayError, internal_error
 from boundedcode_gateway.ingress.body import BodyParser
 from boundedcode_gateway.ingress.render import Receive, Send, send_error
@@ -37,7 +37,7 @@ from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.retention import FolderSweeper
 from boundedcode_gateway.service import GatewayService
-from boundedcode_gateway.upstream.http import HttpClient, Timeouts
+from boundedcode_gateway.upstream.http import HttpClient, Limits, Timeouts
 from boundedcode_gateway.upstream.proxy import ProxySettings
 
 log = logging.getLogger(__name__)
@@ -73,9 +73,15 @@ class GatewayApp:
         proxies = ProxySettings.from_environ(os.environ)
         if proxies.describe():
             log.info("proxy: %s", proxies.describe())
+        inference = config.inference
         self.http = HttpClient(
-            Timeouts(config.inference.connect_timeout_s, config.inference.read_timeout_s),
+            Timeouts(
+                inference.connect_timeout_s,
+                inference.read_timeout_s,
+                inference.upstream_limits.header_timeout_s,
+            ),
             proxies,
+            upstream_limits(inference.upstream_limits),
         )
         self.writer = MeterWriter(
             config.calls_path,
@@ -299,6 +305,16 @@ async def _start(routes: Iterable[Route]) -> None:
     for upstream, result in zip(upstreams, results, strict=True):
         if isinstance(result, BaseException):
             log.warning("model %s: capabilities not known yet: %s", upstream.name, result)
+
+
+def upstream_limits(settings: UpstreamLimitsSettings) -> Limits:
+    """``inference.upstream_limits`` in bytes, as the HTTP client and the relay apply them."""
+    return Limits(
+        body_bytes=int(settings.max_body_mib * (1 << 20)),
+        inflated_bytes=int(settings.max_inflated_mib * (1 << 20)),
+        event_bytes=int(settings.max_event_mib * (1 << 20)),
+        head_bytes=int(settings.max_header_kib * (1 << 10)),
+    )
 
 
 def create_app(

@@ -9,13 +9,14 @@ more, and a second break is final. The retry decisions themselves are in
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from boundedcode_gateway.errors import GatewayError
-from boundedcode_gateway.policy.retry import decide
+from boundedcode_gateway.errors import GatewayError, MalformedResponse, ResponseTooLarge
+from boundedcode_gateway.policy.retry import decide, retry_after_s
 from boundedcode_gateway.providers.base import PreparedRequest, Upstream
 from boundedcode_gateway.upstream.http import HttpClient, UpstreamResponse, read_body
 
@@ -23,6 +24,8 @@ Sleep = Callable[[float], Awaitable[None]]
 
 # an answer that broke off is sent once more; a second break is final
 BROKEN_ANSWER_RESENDS = 1
+# the longest wait the caller is told to take (Retry-After), in seconds
+RETRY_AFTER_CAP_S = 86400
 
 
 @dataclass(slots=True)
@@ -95,7 +98,21 @@ class Attempts:
                 continue
             if resp.status == 200:
                 return resp
-            raw = await read_body(resp)
+            if not 400 <= resp.status <= 599:
+                # a redirect, an empty 204, a 1xx that is no interim answer: neither the
+                # answer nor an error, and the caller must not get it as its status
+                resp.close()
+                odd = MalformedResponse(
+                    f"the upstream answered with HTTP status {resp.status}, which is neither "
+                    "a chat completion nor an error"
+                )
+                self.log(odd.http_status, odd.code)
+                raise odd
+            try:
+                raw = await read_body(resp)
+            except ResponseTooLarge as exc:  # an error body past the limits
+                self.log(exc.http_status, exc.code)
+                raise
             error = self._upstream.error_from_response(resp.status, raw, resp.headers)
             await self.again_or_raise(error, resp.headers)
 
@@ -116,8 +133,9 @@ class Attempts:
             budget=self._upstream.retry_budget,
         )
         if not decision.retry:
-            retry_after = headers.get("retry-after")
-            if retry_after is not None:
-                error.headers["retry-after"] = retry_after
+            # the upstream's wish, as a number of seconds: its own text is never relayed
+            wait_s = retry_after_s(headers)
+            if wait_s is not None:
+                error.headers["retry-after"] = str(min(math.ceil(wait_s), RETRY_AFTER_CAP_S))
             raise error
         await self._sleep(decision.delay_s)

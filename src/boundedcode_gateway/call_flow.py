@@ -10,13 +10,23 @@ place a call's fields are written.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from boundedcode_gateway import discard
 from boundedcode_gateway.attempts import AttemptLog, Attempts
-from boundedcode_gateway.errors import GatewayError, StreamBroken, UpstreamFailure
+from boundedcode_gateway.errors import (
+    GatewayError,
+    StreamBroken,
+    UpstreamFailure,
+    UpstreamTimeout,
+    redact_bytes,
+    redact_error,
+    redact_optional,
+    secret_forms,
+)
 from boundedcode_gateway.json_values import raise_if_too_deep
 from boundedcode_gateway.llama_server.cache_keeper import AnsweredCall, CacheKeeper
 from boundedcode_gateway.metering.meter import Meter, derived_ttft
@@ -48,10 +58,30 @@ class JsonAnswer:
     body: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class CallDeadline:
+    """When a call must have ended (``inference.max_call_s``), on the event loop's clock."""
+
+    at: float
+    limit_s: float
+
+    @classmethod
+    def after(cls, limit_s: float, elapsed_s: float) -> CallDeadline:
+        """The deadline of a call that began ``elapsed_s`` ago."""
+        return cls(asyncio.get_running_loop().time() + limit_s - elapsed_s, limit_s)
+
+    def error(self) -> UpstreamTimeout:
+        return UpstreamTimeout(
+            f"the call ran longer than inference.max_call_s ({self.limit_s:g} s)"
+        )
+
+
 @dataclass(slots=True)
 class StreamAnswer:
     first: bytes
     relay: StreamRelay
+    # the rest of the stream must arrive before it (None: no limit)
+    deadline: CallDeadline | None = None
 
 
 @dataclass(slots=True)
@@ -212,6 +242,8 @@ class CallFlow:
                 attempts.prepared, partial, options
             ),
             recorded=self._meter.recorded,
+            secrets=upstream.secrets(),
+            max_event_bytes=self._shared.http.limits.event_bytes,
         )
         self._relay = relay
         try:
@@ -232,12 +264,19 @@ class CallFlow:
                 if not attempts.resend_after_break():
                     raise
                 continue
+            except GatewayError as exc:  # an answer past the limits
+                attempts.log(exc.http_status, exc.code)
+                raise
             metrics = CallMetrics()
+            secrets = self._upstream.secrets()
             try:
                 out = self._upstream.from_response(raw, metrics, call.options)
             except GatewayError as exc:
+                redact_error(exc, secrets)
                 attempts.log(exc.http_status, exc.code)
                 raise
+            if secrets:  # the key never reaches the caller, whatever the upstream wrote
+                out = redact_bytes(out, secret_forms(secrets))
             attempts.log(200, None)
             self._answered(call, metrics)
             self._metrics = metrics
@@ -313,6 +352,13 @@ class CallFlow:
         else:
             self._meter.error(error)
 
+    def interrupted(self, error: GatewayError) -> None:
+        """The attempt running when the call was stopped from outside (its deadline) is
+        logged with the error that stopped it."""
+        log = self._log
+        if log.count > len(log.entries):
+            log.entries.append({"status": error.http_status, "code": error.code})
+
     def _fill(self) -> None:
         """The record's call fields: the one place they are written."""
         r, upstream, relay = self._meter.record, self._upstream, self._relay
@@ -345,7 +391,10 @@ class CallFlow:
             r.evaluated_tokens = metrics.evaluated_tokens
             r.prefill_ms = metrics.prefill_ms
             r.decode_ms = metrics.decode_ms
-            # the upstream's own words, bounded as a caller's are
-            r.finish_reason = clip(metrics.finish_reason) if metrics.finish_reason else None
+            # words of the upstream's own: the key never reaches a record through them, and
+            # they are bounded as a caller's are
+            secrets = upstream.secrets()
+            if metrics.finish_reason:
+                r.finish_reason = clip(redact_optional(metrics.finish_reason, secrets) or "")
             if metrics.upstream_model:
-                r.upstream_model = clip(metrics.upstream_model)
+                r.upstream_model = clip(redact_optional(metrics.upstream_model, secrets) or "")

@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from boundedcode_gateway.errors import ConfigError
+from boundedcode_gateway.errors import ConfigError, InvalidApiKeyConfig
 from boundedcode_gateway.provider_kinds import KINDS, ProviderKind, kinds_that
 
 ReasoningHistory = Literal["auto", "keep", "drop"]
@@ -35,6 +35,11 @@ EMBEDDED_DEFAULT = "<embedded default>"
 CALLS_FILE = "calls.jsonl"
 _HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?\.?")
 ThinkingLevel = Literal["minimal", "low", "medium", "high", "xhigh", "max"]
+# what ``api_key_env`` may hold: the name of an environment variable, never a key
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# what an API key may hold to be sent in a header: visible ASCII, inner spaces or tabs
+# (no line break that would end the header, no control or non-ASCII character)
+HEADER_SAFE_KEY = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
 
 
 class _Strict(BaseModel):
@@ -258,6 +263,17 @@ class ModelProfile(_Strict):
     max_tokens: int | None = Field(default=None, ge=1)
     price: PriceSettings | None = None
 
+    @field_validator("api_key_env")
+    @classmethod
+    def _check_env_name(cls, value: str | None) -> str | None:
+        # the message never repeats the value: a key pasted here must not reach a log
+        if value is not None and not ENV_NAME.fullmatch(value):
+            raise ValueError(
+                "must name an environment variable (letters, digits and '_', not starting "
+                "with a digit) that holds the key, not hold the key itself"
+            )
+        return value
+
     @model_validator(mode="after")
     def _check_provider_keys(self) -> ModelProfile:
         rules = KINDS[self.provider]
@@ -303,22 +319,61 @@ class ModelProfile(_Strict):
         url = self.base_url or KINDS[self.provider].default_base_url
         return url.rstrip("/")
 
-    def api_key(self) -> str | None:
-        """The key from the environment variable the profile names, if set."""
+    def _key_in_environment(self) -> str | None:
         if not self.api_key_env:
             return None
         return os.environ.get(self.api_key_env) or None
 
+    def api_key(self) -> str | None:
+        """The key from the environment variable the profile names, if set.
+
+        A key a header cannot carry (a line break would end the header and start
+        another) is refused at call time, naming the variable, never the key.
+        """
+        key = self._key_in_environment()
+        if key is not None and not HEADER_SAFE_KEY.fullmatch(key):
+            raise InvalidApiKeyConfig(
+                f"the environment variable {self.api_key_env} holds a key an HTTP header "
+                "cannot carry (a line break, a control or non-ASCII character, or spaces "
+                "around it); the key was not sent"
+            )
+        return key
+
     def secrets(self) -> tuple[str, ...]:
-        """What must never appear in an error message or log (the key)."""
-        key = self.api_key()
+        """What must never appear in an answer, an error message, a record or a log (the
+        key, as the environment holds it, usable or not)."""
+        key = self._key_in_environment()
         return (key,) if key else ()
+
+
+class UpstreamLimitsSettings(_Strict):
+    """``inference.upstream_limits``: the most an upstream's answer may hold, and how long
+    its response head may take once it has begun (docs/security.md#hostile-or-broken-upstreams)."""
+
+    # an answer read whole (a non-streamed answer, an error body), as received
+    max_body_mib: float = Field(default=64.0, gt=0)
+    # the same answer once its Content-Encoding is undone: a compressed answer may hold
+    # what an uncompressed one may, and a bomb stops inflating here
+    max_inflated_mib: float = Field(default=64.0, gt=0)
+    # one event of a stream (its data lines, or a line that never ends)
+    max_event_mib: float = Field(default=8.0, gt=0)
+    # the status line and headers, 1xx interim responses included
+    max_header_kib: float = Field(default=64.0, gt=0)
+    # from the first byte of the response head to its end (the wait for that first
+    # byte is ``read_timeout_s``: llama-server sends its head only with the first token,
+    # or with the whole answer when it is not streamed)
+    header_timeout_s: float = Field(default=10.0, gt=0)
 
 
 class InferenceSettings(_Strict):
     reasoning_history: ReasoningHistory = "auto"
     connect_timeout_s: float = Field(default=10.0, gt=0)
     read_timeout_s: float = Field(default=600.0, gt=0)
+    # the longest a call may run, retries and the whole stream included (unset: no limit)
+    max_call_s: float | None = Field(default=None, gt=0)
+    # the longest a caller may leave a stream unread before the call is ended
+    write_stall_s: float = Field(default=60.0, gt=0)
+    upstream_limits: UpstreamLimitsSettings = UpstreamLimitsSettings()
 
 
 class GatewayConfig(_Strict):

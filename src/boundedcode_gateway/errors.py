@@ -14,11 +14,13 @@ The tree::
     ├── BodyTooLarge              413 request_too_large
     ├── BudgetExceeded            429 budget_exceeded
     ├── MissingApiKey             500 missing_api_key
+    ├── InvalidApiKeyConfig       500 invalid_api_key_config
     ├── InternalError             500 internal_error
     └── UpstreamFailure           status of the upstream (or 502)
         ├── UpstreamUnavailable   503 upstream_unavailable
         ├── UpstreamTimeout       504 upstream_timeout
         ├── MalformedResponse     502 malformed_response
+        ├── ResponseTooLarge      502 upstream_response_too_large
         ├── StreamBroken          502 upstream_stream_broken
         └── ProxyRefused          502 proxy_refused
 
@@ -137,6 +139,14 @@ class MissingApiKey(GatewayError):
     default_code = "missing_api_key"
 
 
+class InvalidApiKeyConfig(GatewayError):
+    """The environment variable a profile names holds a key no header can carry."""
+
+    status = 500
+    error_type = "server_error"
+    default_code = "invalid_api_key_config"
+
+
 class InternalError(GatewayError):
     """A fault inside the gateway itself (a bug), answered in OpenAI's shape like any other."""
 
@@ -166,6 +176,12 @@ class MalformedResponse(UpstreamFailure):
     default_code = "malformed_response"
 
 
+class ResponseTooLarge(UpstreamFailure):
+    """An answer past one of ``inference.upstream_limits``; never resent."""
+
+    default_code = "upstream_response_too_large"
+
+
 class StreamBroken(UpstreamFailure):
     default_code = "upstream_stream_broken"
 
@@ -187,9 +203,51 @@ class ProxyRefused(UpstreamFailure):
     default_code = "proxy_refused"
 
 
+REDACTED = "***"
+
+
 def redact(text: str, secrets: tuple[str, ...]) -> str:
     """Replace every secret (an API key) in ``text`` with ``***``."""
     for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
+        if secret and secret in text:
+            text = text.replace(secret, REDACTED)
     return text
+
+
+def redact_optional(text: str | None, secrets: tuple[str, ...]) -> str | None:
+    return redact(text, secrets) if text is not None else None
+
+
+def redact_error(exc: GatewayError, secrets: tuple[str, ...]) -> GatewayError:
+    """The error with every secret taken out of the fields a caller or a record sees."""
+    if secrets:
+        exc.message = redact(exc.message, secrets)
+        exc.args = (exc.message,)
+        exc.type = redact(exc.type, secrets)
+        exc.code = redact_optional(exc.code, secrets)
+        exc.param = redact_optional(exc.param, secrets)
+        exc.headers = {k: redact(v, secrets) for k, v in exc.headers.items()}
+    return exc
+
+
+def secret_forms(secrets: tuple[str, ...]) -> tuple[bytes, ...]:
+    """Each secret as it appears inside a JSON string: escaped as JSON escapes it (a key
+    of visible ASCII without a quote or a backslash is itself), and with every slash
+    escaped too, as some encoders write one."""
+    forms: list[bytes] = []
+    for secret in secrets:
+        if not secret:
+            continue
+        escaped = orjson.dumps(secret)[1:-1]
+        for form in (escaped, escaped.replace(b"/", b"\\/")):
+            if form not in forms:
+                forms.append(form)
+    return tuple(forms)
+
+
+def redact_bytes(data: bytes, forms: tuple[bytes, ...]) -> bytes:
+    """``data`` (JSON on its way to a caller) with every form of a secret replaced."""
+    for form in forms:
+        if form in data:
+            data = data.replace(form, REDACTED.encode())
+    return data

@@ -29,6 +29,9 @@ RESTART_ONLY: tuple[tuple[str, ...], ...] = (
     ("metering",),
     ("inference", "connect_timeout_s"),
     ("inference", "read_timeout_s"),
+    # the shared HTTP client's limits, and the protocol's write-stall timer
+    ("inference", "upstream_limits"),
+    ("inference", "write_stall_s"),
     # the connection limits and the body parser are the server's; allowed_hosts reloads
     ("limits", "idle_timeout_s"),
     ("limits", "header_timeout_s"),

@@ -13,14 +13,22 @@ other caller gets the in-stream error, never a second answer.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
 
 from boundedcode_gateway.attempts import Attempts
 from boundedcode_gateway.discard import discard_chunk
-from boundedcode_gateway.errors import GatewayError, StreamBroken, internal_error
+from boundedcode_gateway.errors import (
+    GatewayError,
+    ResponseTooLarge,
+    StreamBroken,
+    internal_error,
+    redact_bytes,
+    redact_error,
+    secret_forms,
+)
 from boundedcode_gateway.metering.meter import CallContext
 from boundedcode_gateway.providers.base import (
     Continuation,
@@ -30,7 +38,14 @@ from boundedcode_gateway.providers.base import (
 )
 from boundedcode_gateway.upstream.http import UpstreamResponse, iter_body
 from boundedcode_gateway.upstream.metrics import CallMetrics
-from boundedcode_gateway.wire.sse import DONE_EVENT, SSEDecoder, SSEEvent, encode_data
+from boundedcode_gateway.wire.sse import (
+    DEFAULT_MAX_EVENT_BYTES,
+    DONE_EVENT,
+    EventTooLarge,
+    SSEDecoder,
+    SSEEvent,
+    encode_data,
+)
 
 ContinueFrom = Callable[[PartialAnswer], Continuation | None]
 # how the relayed call ended: its error (None when complete), and whether the caller left
@@ -59,6 +74,8 @@ class StreamRelay:
         on_end: OnEnd,
         continue_from: ContinueFrom = _no_continuation,
         recorded: Callable[[], Awaitable[None]] = _nothing_to_wait_for,
+        secrets: tuple[str, ...] = (),
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     ) -> None:
         self._ctx = ctx
         self._model = model
@@ -74,9 +91,13 @@ class StreamRelay:
         self._on_success = on_success
         self._continue_from = continue_from
         self._continued = False
+        # the profile's key: never relayed, whatever the upstream wrote
+        self._secrets = secrets
+        self._secret_forms = secret_forms(secrets)
+        self._max_event_bytes = max_event_bytes
         self._resp: UpstreamResponse | None = None
         self._translator = new_translator()
-        self._decoder = SSEDecoder()
+        self._decoder = SSEDecoder(max_event_bytes)
         self._pending: deque[SSEEvent] = deque()
         self._body: AsyncIterator[bytes] | None = None
         self._eof = False
@@ -96,7 +117,7 @@ class StreamRelay:
         else:
             self._resp = await self._attempts.for_request(continuation.request).open()
             self._translator = continuation.new_translator()
-        self._decoder = SSEDecoder()
+        self._decoder = SSEDecoder(self._max_event_bytes)
         self._pending.clear()
         self._body = iter_body(self._resp)
         self._eof = False
@@ -118,8 +139,15 @@ class StreamRelay:
             except StopAsyncIteration:
                 self._eof = True
                 self._pending.extend(self._decoder.close())
-            else:
+                continue
+            try:
                 self._pending.extend(self._decoder.feed(chunk))
+            except EventTooLarge:
+                raise ResponseTooLarge(
+                    "an event of the upstream's stream is larger than "
+                    "inference.upstream_limits.max_event_mib "
+                    f"({self._max_event_bytes / (1 << 20):g} MiB)"
+                ) from None
         return True
 
     def _drain(self, until_commit: bool) -> tuple[bytes, GatewayError | None]:
@@ -137,13 +165,14 @@ class StreamRelay:
                 for payload in t.feed(event.event, event.data):
                     parts += (b"data: ", payload, b"\n\n")
             except GatewayError as exc:
-                error = exc
+                error = redact_error(exc, self._secrets)
                 break
             if until_commit and self._committed():
                 break
         if t.content_started and self.ttft_ms is None:
             self.ttft_ms = self._ctx.elapsed_ms()
-        return b"".join(parts), error
+        out = b"".join(parts)
+        return redact_bytes(out, self._secret_forms) if self._secret_forms else out, error
 
     def _broken(self) -> StreamBroken:
         return StreamBroken("the upstream stream ended with no finish reason and no [DONE]")
@@ -173,6 +202,9 @@ class StreamRelay:
                     raise
                 held.clear()
                 continue
+            except GatewayError as exc:
+                self._attempts.log(exc.http_status, exc.code)
+                raise
             if error is not None:
                 # an error event before content is answered like an HTTP error
                 await self._attempts.again_or_raise(error)
@@ -182,7 +214,7 @@ class StreamRelay:
             held.append(out)
         return b"".join(held)
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         """The rest of the stream; a break is answered as the module says."""
         while True:
             try:
@@ -270,6 +302,16 @@ class StreamRelay:
         out = self._fail(exc)
         await self._recorded()
         return out
+
+    def fail(self, exc: GatewayError) -> bytes:
+        """End the answer with ``exc`` (a limit of the whole call, met outside the relay):
+        the attempt is logged, the upstream closed; the in-stream error to send back.
+        An answer already whole (recorded, its end held up on the way to the caller) is
+        not turned into an error: its end is sent again."""
+        if self._complete:
+            return DONE_EVENT
+        self._attempts.log(exc.http_status, exc.code)
+        return self._fail(exc)
 
     def _fail(self, exc: GatewayError) -> bytes:
         # an answer that ends in an error is recorded as one, however far the upstream got

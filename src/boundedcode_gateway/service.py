@@ -15,11 +15,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from boundedcode_gateway.budgets.book import BudgetBook, CountingSink
-from boundedcode_gateway.call_flow import CallFlow, JsonAnswer, SharedState, StreamAnswer
+from boundedcode_gateway.call_flow import (
+    CallDeadline,
+    CallFlow,
+    JsonAnswer,
+    SharedState,
+    StreamAnswer,
+)
 from boundedcode_gateway.errors import GatewayError, ModelNotFound, internal_error
 from boundedcode_gateway.live_config import LiveConfig, Route
 from boundedcode_gateway.llama_server.cache_keeper import CacheKeeper
@@ -92,6 +99,8 @@ class GatewayService:
         price = self.live.price_of(model)
         meter = Meter(self._writer, ctx, model, len(body["messages"]), price, on_submit)
         flow: CallFlow | None = None
+        deadline = self._deadline(ctx)
+        timeout: asyncio.Timeout | None = None
         try:
             if route is None:
                 raise ModelNotFound(
@@ -101,7 +110,11 @@ class GatewayService:
                 self._budgets.check(ctx)
             upstream = route.upstream
             flow = CallFlow(self._shared, meter, upstream, self.keeper(upstream), body)
-            answer = await flow.run()
+            if deadline is None:
+                answer = await flow.run()
+            else:
+                async with (timeout := asyncio.timeout_at(deadline.at)):
+                    answer = await flow.run()
         except GatewayError as exc:
             _end(meter, flow, exc)
             await meter.recorded()
@@ -110,14 +123,28 @@ class GatewayService:
             _end(meter, flow, None, cancelled=True)
             raise
         except Exception as exc:
-            internal = internal_error(ctx.call_id)
-            _end(meter, flow, internal)
+            if deadline is not None and timeout is not None and timeout.expired():
+                error: GatewayError = deadline.error()
+                if flow is not None:
+                    flow.interrupted(error)
+            else:
+                error = internal_error(ctx.call_id)
+            _end(meter, flow, error)
             await meter.recorded()
-            raise internal from exc
+            raise error from exc
         if isinstance(answer, JsonAnswer):
             flow.end(None)  # a streamed answer's relay ends the call
             await meter.recorded()  # `metering.sync`: in the ledger before the caller has it
+        else:
+            answer.deadline = deadline
         return answer
+
+    def _deadline(self, ctx: CallContext) -> CallDeadline | None:
+        """``inference.max_call_s`` from the call's start (its body read included)."""
+        max_call_s = self.live.config.inference.max_call_s
+        if max_call_s is None:
+            return None
+        return CallDeadline.after(max_call_s, time.perf_counter() - ctx.started)
 
     @property
     def keepers(self) -> dict[Upstream, CacheKeeper]:

@@ -148,7 +148,8 @@ def start_gateway(tmp_path: Path) -> Iterator[GatewayFactory]:
         # served on HOST, as `serve --host` tells the app where it listens
         app = create_app(config, listen_host=HOST)
         # the HTTP protocol `boundedcode-gateway serve` runs, with the configuration's limits
-        server = serve_in_thread(app, lifespan="on", http=protocol_for(config.limits))
+        protocol = protocol_for(config.limits, config.inference.write_stall_s)
+        server = serve_in_thread(app, lifespan="on", http=protocol)
         gw = Gateway(app, server, data_dir)
         running.append(gw)
         return gw

@@ -39,6 +39,13 @@ READ_TIMEOUT_S = 0.5
 SHOWN = 3
 # a cloud's statuses worth resending (docs/failures.md, "Cloud 429, 5xx, 529")
 CLOUD_RESENDS = frozenset({429, 500, 502, 503, 504, 529})
+# the bounded gateway's limits: an answer or a stream event past 1 MiB, a call past 2 s
+LIMIT_MIB = 1
+MAX_CALL_S = 2.0
+# one word of the answer past the limit: the fakes send a word in one event
+HUGE_WORD = "a" * ((LIMIT_MIB << 20) + 1024)
+TOO_LARGE = {"status": 502, "code": "upstream_response_too_large"}
+TIMED_OUT = {"status": 504, "code": "upstream_timeout"}
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,19 @@ def impatient(fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     """A gateway whose read timeout a silent upstream outlasts."""
     gw = _start(
         fakes, tmp_path_factory.mktemp("impatient"), inference={"read_timeout_s": READ_TIMEOUT_S}
+    )
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(scope="module")
+def bounded(fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """A gateway with small upstream limits and a call deadline."""
+    limits = {"max_body_mib": LIMIT_MIB, "max_event_mib": LIMIT_MIB}
+    gw = _start(
+        fakes,
+        tmp_path_factory.mktemp("bounded"),
+        inference={"upstream_limits": limits, "max_call_s": MAX_CALL_S},
     )
     yield gw
     gw.stop()
@@ -478,3 +498,75 @@ def test_silence_before_the_status_is_a_timeout(
         assert out.call["attempt_log"][0]["code"] == "upstream_timeout"
     else:
         _passed_on(out, 504, "upstream_timeout")
+
+
+# -- an answer past the upstream limits, a call past its deadline
+
+
+def test_a_whole_answer_past_the_body_limit_is_a_502_not_sent_again(
+    bounded: Gateway, fakes: Fakes, kind: Kind
+) -> None:
+    _queue(fakes, kind, Reply(content=HUGE_WORD), _whole_answer())
+    out = ask(bounded, fakes, kind, stream=False)
+    assert out.status == 502
+    error = out.json["error"]
+    assert error["code"] == "upstream_response_too_large"
+    assert "inference.upstream_limits.max_body_mib (1 MiB)" in error["message"]
+    assert out.sent == 1
+    out.recorded(ok=False, http_status=502, attempts=1, retried=False, attempt_log=[TOO_LARGE])
+
+
+def test_a_stream_event_past_its_limit_before_content_is_an_http_502(
+    bounded: Gateway, fakes: Fakes, kind: Kind
+) -> None:
+    _queue(fakes, kind, Reply(content=HUGE_WORD), _whole_answer())
+    out = ask(bounded, fakes, kind, stream=True)
+    assert out.status == 502
+    error = out.json["error"]
+    assert error["code"] == "upstream_response_too_large"
+    assert "inference.upstream_limits.max_event_mib (1 MiB)" in error["message"]
+    assert out.sent == 1
+    out.recorded(ok=False, http_status=502, attempts=1, retried=False, attempt_log=[TOO_LARGE])
+
+
+def test_a_stream_event_past_its_limit_after_content_is_the_in_stream_error(
+    bounded: Gateway, fakes: Fakes, kind: Kind
+) -> None:
+    _queue(fakes, kind, Reply(content=f"{ANSWER} {HUGE_WORD}"), _whole_answer())
+    out = ask(bounded, fakes, kind, stream=True)
+    error = out.ends_in_stream_error("upstream_response_too_large")
+    assert "max_event_mib (1 MiB)" in error["message"]
+    shown = out.text()
+    assert shown and shown.startswith(ANSWER[:3]) and HUGE_WORD not in shown
+    assert not out.discards()
+    assert out.sent == 1
+    out.recorded(ok=False, http_status=502, attempts=1, retried=False, attempt_log=[TOO_LARGE])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_call_past_max_call_s_before_content_is_an_http_504(
+    bounded: Gateway, fakes: Fakes, kind: Kind, stream: bool
+) -> None:
+    late = Reply(content=ANSWER, delay_ms=int(MAX_CALL_S * 1000) + 3000)
+    _queue(fakes, kind, late, _whole_answer())
+    out = ask(bounded, fakes, kind, stream=stream)
+    assert out.status == 504
+    error = out.json["error"]
+    assert error["code"] == "upstream_timeout"
+    assert f"inference.max_call_s ({MAX_CALL_S:g} s)" in error["message"]
+    assert out.sent == 1
+    out.recorded(ok=False, http_status=504, attempts=1, retried=False, attempt_log=[TIMED_OUT])
+
+
+def test_a_stream_past_max_call_s_after_content_is_the_in_stream_error(
+    bounded: Gateway, fakes: Fakes, kind: Kind
+) -> None:
+    slow = Reply(content=ANSWER, chunk_delay_ms=400)  # about 10 s in all
+    _queue(fakes, kind, slow, _whole_answer())
+    out = ask(bounded, fakes, kind, stream=True)
+    error = out.ends_in_stream_error("upstream_timeout")
+    assert f"inference.max_call_s ({MAX_CALL_S:g} s)" in error["message"]
+    shown = out.text()
+    assert shown and ANSWER.startswith(shown) and shown != ANSWER
+    assert out.sent == 1
+    out.recorded(ok=False, http_status=504, attempts=1, retried=False, attempt_log=[TIMED_OUT])

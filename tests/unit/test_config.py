@@ -8,7 +8,7 @@ import pytest
 
 from boundedcode_gateway.cli.main import CONFIG_ENV, config_source, main
 from boundedcode_gateway.config import ConfigSource, load_config, parse_config
-from boundedcode_gateway.errors import ConfigError
+from boundedcode_gateway.errors import ConfigError, InvalidApiKeyConfig
 
 GOOD = """\
 data_dir: .gateway
@@ -119,3 +119,71 @@ def test_the_source_is_chosen_once_and_read_again_each_time(
     first = source.load()
     named.write_text("max_body_mib: 2\n" + GOOD)
     assert (first.max_body_mib, source.load().max_body_mib) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["sk-proj-abcdef0123456789", "0PENAI_KEY", "MY KEY", "KEY=sk-abc", "AIzaSy-Dk3/xyz"],
+)
+def test_api_key_env_holding_a_key_is_refused_without_repeating_it(
+    value: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    text = GOOD.replace("api_key_env: OPENAI_API_KEY", f"api_key_env: '{value}'")
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "<c>")
+    message = str(info.value)
+    assert message.startswith("<c>:12: models.gpt.api_key_env: must name an environment variable")
+    assert value not in message
+    # nor does `check-config` print it
+    path = tmp_path / "g.yaml"
+    path.write_text(text)
+    assert main(["check-config", "--config", str(path)]) == 2
+    out = capsys.readouterr()
+    assert "api_key_env" in out.err and value not in out.err + out.out
+
+
+@pytest.mark.parametrize("name", ["OPENAI_API_KEY", "_KEY", "key2", "A"])
+def test_api_key_env_names_a_variable(name: str) -> None:
+    text = GOOD.replace("api_key_env: OPENAI_API_KEY", f"api_key_env: {name}")
+    assert parse_config(text).models["gpt"].api_key_env == name
+
+
+def test_upstream_limits_and_call_limits_load_with_their_defaults() -> None:
+    inference = parse_config(GOOD).inference
+    assert inference.max_call_s is None and inference.write_stall_s == 60
+    limits = inference.upstream_limits
+    assert (limits.max_body_mib, limits.max_inflated_mib, limits.max_event_mib) == (64, 64, 8)
+    assert (limits.max_header_kib, limits.header_timeout_s) == (64, 10)
+    text = GOOD.replace(
+        "reasoning_history: auto",
+        "reasoning_history: auto\n  max_call_s: 900\n  write_stall_s: 5\n"
+        "  upstream_limits: {max_body_mib: 8, header_timeout_s: 2.5}",
+    )
+    inference = parse_config(text).inference
+    assert inference.max_call_s == 900 and inference.write_stall_s == 5
+    assert inference.upstream_limits.max_body_mib == 8
+    assert inference.upstream_limits.header_timeout_s == 2.5
+    with pytest.raises(ConfigError, match=r"inference\.upstream_limits\.max_event_mib"):
+        parse_config(text.replace("max_body_mib: 8", "max_event_mib: 0"), "<c>")
+
+
+@pytest.mark.parametrize(
+    "key", ["sk-a\r\nX-Injected: 1", "sk-a\n", "\tsk-a", "sk-\x7fa", "sk-caf\u00e9"]
+)
+def test_a_key_no_header_can_carry_is_refused_naming_the_variable(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    profile = parse_config(GOOD).models["gpt"]
+    with pytest.raises(InvalidApiKeyConfig) as info:
+        profile.api_key()
+    assert "OPENAI_API_KEY" in info.value.message and "sk-" not in info.value.message
+    assert info.value.http_status == 500 and info.value.code == "invalid_api_key_config"
+    # still redacted wherever it might show
+    assert profile.secrets() == (key,)
+
+
+@pytest.mark.parametrize("key", ["sk-proj-Ab_09.x~", "Bearer-like token with spaces"])
+def test_a_key_a_header_can_carry_is_used(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    assert parse_config(GOOD).models["gpt"].api_key() == key

@@ -7,13 +7,20 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import socket
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from boundedcode_gateway.errors import StreamBroken, UpstreamTimeout, UpstreamUnavailable
+from boundedcode_gateway.errors import (
+    ResponseTooLarge,
+    StreamBroken,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from boundedcode_gateway.upstream import http as http_module
-from boundedcode_gateway.upstream.http import HttpClient, Timeouts, iter_body, read_body
+from boundedcode_gateway.upstream.http import HttpClient, Limits, Timeouts, iter_body, read_body
 from tests.unit.scripted_http import (
     Answer,
     ScriptedServer,
@@ -246,3 +253,115 @@ async def test_a_response_released_half_read_closes_its_connection(client: HttpC
         await asyncio.wait_for(server.client_left.wait(), 5)
         assert await _get(client, server) == b"fresh"
     assert [s.connection for s in server.seen] == [1, 2]
+
+
+# -- hostile answers: bombs, heads past their limit, interim responses, cancelled reads
+
+
+def bomb(inflated_mib: int) -> bytes:
+    """Zeros, gzipped: about 1 KiB per MiB."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1 << 20)
+    return b"".join([*(packer.compress(zeros) for _ in range(inflated_mib)), packer.flush()])
+
+
+async def test_a_compressed_stream_inflates_piece_by_piece_the_loop_running_between(
+    client: HttpClient,
+) -> None:
+    packed = bomb(32)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(tick())
+    try:
+        async with scripted_server(Answer([whole(200, packed, {"Content-Encoding": "gzip"})])) as s:
+            resp = await client.send("POST", s.url + "/s", {}, b"{}")
+            sizes = [len(piece) async for piece in iter_body(resp)]
+    finally:
+        ticker.cancel()
+    assert sum(sizes) == 32 << 20
+    assert max(sizes) <= http_module.INFLATE_PIECE
+    # other work ran between the pieces: the event loop was never held for the whole body
+    assert ticks >= len(sizes) - 1
+
+
+async def test_a_bomb_read_whole_stops_at_the_inflated_limit_holding_no_more() -> None:
+    http = HttpClient(Timeouts(5.0, READ_S), limits=Limits(inflated_bytes=1 << 20))
+    packed = bomb(256)
+    try:
+        async with scripted_server(Answer([whole(200, packed, {"Content-Encoding": "gzip"})])) as s:
+            resp = await http.send("POST", s.url + "/s", {}, b"{}")
+            tracemalloc.start()
+            try:
+                with pytest.raises(ResponseTooLarge, match=r"max_inflated_mib \(1 MiB\)"):
+                    await read_body(resp)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+    finally:
+        await http.close()
+    assert peak < 4 << 20  # the limit and a piece or two, never the 256 MiB
+
+
+async def test_a_body_past_its_limit_closes_the_connection() -> None:
+    limits = Limits(body_bytes=64 << 10)
+    http = HttpClient(Timeouts(5.0, READ_S), limits=limits)
+    endless = Answer([head(200, {"Transfer-Encoding": "chunked"}), chunk(bytes(128 << 10))], "hold")
+    try:
+        async with scripted_server(endless) as server:
+            resp = await http.send("POST", server.url + "/s", {}, b"{}")
+            with pytest.raises(ResponseTooLarge, match=r"max_body_mib \(0.0625 MiB\)"):
+                await read_body(resp)
+            await asyncio.wait_for(server.client_left.wait(), 5)
+    finally:
+        await http.close()
+
+
+@pytest.mark.parametrize("at_once", [True, False], ids=["at-once", "in-pieces"])
+async def test_a_head_past_its_limit_is_refused(at_once: bool) -> None:
+    http = HttpClient(Timeouts(5.0, READ_S), limits=Limits(head_bytes=1 << 10))
+    padding = [f"X-Pad-{i}: {'p' * 200}\r\n".encode() for i in range(8)]
+    if at_once:
+        answer = Answer([b"HTTP/1.1 200 OK\r\n" + b"".join(padding) + b"Content-Length: 0\r\n\r\n"])
+    else:  # one header line that never ends, read piece by piece until past the limit
+        answer = Answer([b"HTTP/1.1 200 OK\r\nX-Pad: ", *(b"p" * 400 for _ in range(4))], "hold")
+    try:
+        async with scripted_server(answer) as server:
+            with pytest.raises(ResponseTooLarge, match=r"max_header_kib \(1 KiB\)"):
+                await http.send("POST", server.url + "/s", {}, b"{}")
+            if not at_once:
+                await asyncio.wait_for(server.client_left.wait(), 5)
+    finally:
+        await http.close()
+
+
+async def test_interim_responses_come_before_the_answer(client: HttpClient) -> None:
+    interim = head(100) + head(103, {"Link": "</a.css>; rel=preload"})
+    async with scripted_server(Answer([interim, whole(200, b"the answer")])) as server:
+        resp = await client.send("POST", server.url + "/x", {}, b"{}")
+        assert resp.status == 200 and "link" not in resp.headers
+        assert await read_body(resp) == b"the answer"
+
+
+async def test_a_status_that_is_no_interim_response_is_the_answer(client: HttpClient) -> None:
+    async with scripted_server(Answer([head(102, {"Content-Length": "0"})])) as server:
+        resp = await client.send("POST", server.url + "/x", {}, b"{}")
+        assert resp.status == 102  # the caller's side decides what to make of it
+
+
+async def test_a_read_cancelled_midway_closes_the_connection(client: HttpClient) -> None:
+    slow = Answer([head(200, {"Content-Length": "100"}), b"{"], "hold")
+    async with scripted_server(slow) as server:
+        resp = await client.send("POST", server.url + "/x", {}, b"{}")
+        reading = asyncio.create_task(read_body(resp))
+        await asyncio.sleep(0.05)
+        reading.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reading
+        # the upstream sees the gateway leave, and stops working on the answer
+        await asyncio.wait_for(server.client_left.wait(), 5)

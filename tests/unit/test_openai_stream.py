@@ -137,3 +137,20 @@ def test_openai_error_event_without_status_is_502() -> None:
 def test_garbage_event_is_malformed(data: bytes) -> None:
     with pytest.raises(MalformedResponse):
         OpenAIStreamTranslator(RequestOptions(True, False, False)).feed("", data)
+
+
+def test_an_event_over_several_data_lines_is_relayed_as_one_line() -> None:
+    # the SSE decoder joins an event's data: lines with "\n", which only JSON whitespace
+    # can be: relayed as is, the caller's data: line would end inside the object
+    joined = TEXT.replace(b',"', b',\n"')
+    assert b"\n" in joined
+    t, out = run(RequestOptions(stream=True, include_usage=False, return_progress=False), [joined])
+    assert out and all(b"\n" not in payload for payload in out)
+    assert orjson.loads(out[-1]) == orjson.loads(TEXT)
+    assert t.content_started
+
+
+def test_a_finish_reason_that_is_no_string_ends_the_answer_unrecorded() -> None:
+    odd = chunk(choices=[{"index": 0, "delta": {}, "finish_reason": {"why": "odd"}}])
+    t, _ = run(RequestOptions(stream=True, include_usage=False, return_progress=False), [odd])
+    assert t.finished and t.metrics.finish_reason is None

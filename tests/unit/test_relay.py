@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from boundedcode_gateway.attempts import AttemptLog, Attempts
-from boundedcode_gateway.errors import GatewayError, StreamBroken
+from boundedcode_gateway.errors import GatewayError, StreamBroken, UpstreamTimeout
 from boundedcode_gateway.metering.meter import CLIENT_CLOSED, CallContext, Meter
 from boundedcode_gateway.providers.base import PreparedRequest, RequestOptions
 from boundedcode_gateway.relay import StreamRelay
@@ -279,3 +279,35 @@ async def test_a_whole_answer_gives_its_connection_back(
         await relay.open()
         await _rest(relay)
     assert [s.connection for s in harness.server.seen] == [1, 1]
+
+
+async def test_a_limit_of_the_call_ends_an_open_answer_in_the_in_stream_error(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness.server.queue(Answer([head(200, {"Content-Type": "text/event-stream"}), *WHOLE[:2]]))
+    relay = harness.relay(monkeypatch)
+    assert _text(await relay.open()) == "Hel"
+    out = relay.fail(UpstreamTimeout("the call ran longer than inference.max_call_s (1 s)"))
+    assert _payloads(out) == [
+        {
+            "error": {
+                "message": "the call ran longer than inference.max_call_s (1 s)",
+                "type": "upstream_error",
+                "param": None,
+                "code": "upstream_timeout",
+            }
+        }
+    ]
+    assert harness.log.entries[-1] == {"status": 504, "code": "upstream_timeout"}
+    assert [type(e).__name__ for e, _ in harness.ends] == ["UpstreamTimeout"]
+
+
+async def test_a_limit_met_after_the_answer_was_whole_sends_its_end_again(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness.server.queue(_stream(*WHOLE))
+    relay = harness.relay(monkeypatch)
+    await relay.open()
+    assert (await _rest(relay)).endswith(DONE)
+    assert relay.fail(UpstreamTimeout("late")) == DONE
+    assert harness.ends == [(None, False)]  # recorded as answered, once

@@ -105,3 +105,9 @@ def test_transport_failures_retry_whatever_the_status() -> None:
 
 def test_used_up_quota_never() -> None:
     assert not call(429, code="insufficient_quota")[0]
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e999", "sk-not-a-number"])
+def test_a_retry_after_that_is_no_finite_number_is_none(value: str) -> None:
+    assert retry_after_s({"retry-after": value}) is None
+    assert retry_after_s({"retry-after-ms": value}) is None

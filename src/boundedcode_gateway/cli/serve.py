@@ -89,8 +89,9 @@ def run_serve(
             port=port,
             loop=_loop(),
             # uvicorn's httptools protocol, its writes gathered per loop turn, with the
-            # connection limits of `limits:` (its keep-alive timeout among them)
-            http=protocol_for(config.limits),
+            # connection limits of `limits:` (its keep-alive timeout among them) and a
+            # caller that stops reading cut off
+            http=protocol_for(config.limits, config.inference.write_stall_s),
             lifespan="on",
             access_log=False,
             # the gateway never reads the caller's address: no X-Forwarded-* rewriting

@@ -9,6 +9,7 @@ disconnect cancels the call. It must not talk to upstreams itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -318,11 +319,30 @@ async def _relay(send: Send, answer: StreamAnswer) -> None:
     cancelled = False
     try:
         await start_stream(send, answer.first)
-        async for chunk in relay.chunks():
-            await send_chunk(send, chunk)
+        if answer.deadline is None:
+            async for chunk in relay.chunks():
+                await send_chunk(send, chunk)
+        else:
+            await _relay_within(send, answer)
         await end_stream(send)
     except (asyncio.CancelledError, OSError):
         cancelled = True
         raise
     finally:
         relay.close(cancelled=cancelled)
+
+
+async def _relay_within(send: Send, answer: StreamAnswer) -> None:
+    """The rest of the stream until the call's deadline, which ends it in an in-stream
+    error (the relay records it, and closes the upstream's answer)."""
+    relay, deadline = answer.relay, answer.deadline
+    assert deadline is not None
+    timeout = asyncio.timeout_at(deadline.at)
+    try:
+        async with timeout, contextlib.aclosing(relay.chunks()) as chunks:
+            async for chunk in chunks:
+                await send_chunk(send, chunk)
+    except TimeoutError:
+        if not timeout.expired():
+            raise
+        await send_chunk(send, relay.fail(deadline.error()))

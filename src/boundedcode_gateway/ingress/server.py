@@ -12,6 +12,11 @@ and its buffers for as long as the caller likes. The protocol here bounds them:
 the head must be complete within ``header_timeout_s`` of the connection's start
 (or of the request's first byte) and within ``max_header_bytes``, and a kept-alive
 connection between requests, like a body, must not stay idle for ``idle_timeout_s``.
+
+It also drops a caller that stops reading: uvicorn holds the answer's writes
+while the transport's buffer is full (``pause_writing``) and would hold them,
+and the upstream call behind them, for as long as the caller keeps its
+connection open.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from boundedcode_gateway.config import LimitsSettings
 from boundedcode_gateway.errors import GatewayError
 
 log = logging.getLogger(__name__)
+
+# ``inference.write_stall_s``'s default
+WRITE_STALL_S = 60.0
 
 # what a caller gets for a head over the limit, or a request that does not parse
 _HEAD_TOO_LARGE = GatewayError(
@@ -113,6 +121,7 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
     unfinished, so a request that arrives whole costs no timer at all.
     """
 
+    write_stall_s: ClassVar[float] = WRITE_STALL_S
     header_timeout_s: ClassVar[float] = LimitsSettings().header_timeout_s
     max_header_bytes: ClassVar[int] = LimitsSettings().max_header_bytes
     idle_timeout_s: ClassVar[float] = LimitsSettings().idle_timeout_s
@@ -122,6 +131,7 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
         # uvicorn's keep-alive timeout; it only reaches loop.call_later, which takes a float
         self.timeout_keep_alive = self.idle_timeout_s  # type: ignore[assignment]
         self._limit_timer: asyncio.TimerHandle | None = None
+        self._stall: asyncio.TimerHandle | None = None
         self._in_head = False
         self._in_body = False
         self._head_started = 0.0  # loop time the head began (or the connection, before one)
@@ -141,6 +151,7 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()
+        self._stop_stall_timer()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -244,12 +255,39 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
             self.transport.write(error_response(error))
             self.transport.close()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall is None:
+            self._stall = self.loop.call_later(self.write_stall_s, self._stalled)
 
-def protocol_for(limits: LimitsSettings) -> type[GatheringHttpToolsProtocol]:
-    """The protocol class with these limits, for ``uvicorn.Config(http=...)``."""
+    def resume_writing(self) -> None:
+        self._stop_stall_timer()
+        super().resume_writing()
+
+    def _stop_stall_timer(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def _stalled(self) -> None:
+        self._stall = None
+        log.warning(
+            "a caller left its answer unread for %g s (inference.write_stall_s); "
+            "its connection is closed",
+            self.write_stall_s,
+        )
+        self.transport.abort()
+
+
+def protocol_for(
+    limits: LimitsSettings, write_stall_s: float = WRITE_STALL_S
+) -> type[GatheringHttpToolsProtocol]:
+    """The protocol class with these limits and this write-stall limit
+    (``inference.write_stall_s``), for ``uvicorn.Config(http=...)``."""
     attributes = {
         "header_timeout_s": limits.header_timeout_s,
         "max_header_bytes": limits.max_header_bytes,
         "idle_timeout_s": limits.idle_timeout_s,
+        "write_stall_s": write_stall_s,
     }
     return type("LimitedHttpToolsProtocol", (GatheringHttpToolsProtocol,), attributes)

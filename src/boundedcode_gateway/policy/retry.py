@@ -7,6 +7,7 @@ may narrow the budget.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,8 +16,9 @@ from email.utils import parsedate_to_datetime
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 8.0
-# failures of the gateway's own way out that no resend cures, whatever the upstream kind
-NEVER_RESENT_CODES = frozenset({"proxy_refused"})
+# failures no resend cures, whatever the upstream kind: the gateway's own way out
+# refused, or an answer past the gateway's limits (the same upstream would send it again)
+NEVER_RESENT_CODES = frozenset({"proxy_refused", "upstream_response_too_large"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,21 +50,25 @@ class Decision:
 NO_RETRY = Decision(False)
 
 
+def _seconds(text: str, scale: float = 1.0) -> float | None:
+    """A finite number of seconds (never negative), or None for anything else."""
+    try:
+        value = float(text) / scale
+    except ValueError:
+        return None
+    return max(value, 0.0) if math.isfinite(value) else None
+
+
 def retry_after_s(headers: Mapping[str, str], now: datetime | None = None) -> float | None:
     """The server's wish, from ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date)."""
     ms = headers.get("retry-after-ms")
-    if ms is not None:
-        try:
-            return max(float(ms) / 1000.0, 0.0)
-        except ValueError:
-            pass
+    if ms is not None and (wait := _seconds(ms, 1000.0)) is not None:
+        return wait
     value = headers.get("retry-after")
     if value is None:
         return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
+    if (wait := _seconds(value)) is not None:
+        return wait
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError):

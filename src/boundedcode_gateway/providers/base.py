@@ -186,6 +186,10 @@ class Upstream(Protocol):
         exited; None for a profile without one."""
         ...
 
+    def secrets(self) -> tuple[str, ...]:
+        """What must never reach a caller, a record or a log: the profile's API key."""
+        ...
+
     async def close(self) -> None:
         """Release what the adapter holds."""
         ...

@@ -87,5 +87,5 @@ class TranslatingUpstream:
             )
         return key
 
-    def _secrets(self) -> tuple[str, ...]:
+    def secrets(self) -> tuple[str, ...]:
         return self._profile.secrets()

@@ -19,6 +19,14 @@ TYPE_BY_STATUS = {
 }
 
 
+# the most of an upstream's error message that reaches a caller: its own words in full,
+# a text that is not its error object (a proxy's HTML page, an object of its own) shorter
+MESSAGE_CHARS = 4000
+TEXT_CHARS = 500
+# an error's type, code or param longer than this is not one
+FIELD_CHARS = 200
+
+
 def upstream_error(
     status: int,
     message: str,
@@ -27,9 +35,17 @@ def upstream_error(
     code: str | None,
     param: str | None = None,
     secrets: tuple[str, ...] = (),
+    max_chars: int = MESSAGE_CHARS,
 ) -> GatewayError:
-    """The gateway error for an upstream's error answer, in OpenAI's shape."""
-    message = redact(message, secrets)
+    """The gateway error for an upstream's error answer, in OpenAI's shape.
+
+    Every string here came from the upstream: the key is taken out of each, and only
+    then is any cut to length (a cut first could leave part of the key behind).
+    """
+    message = redact(message, secrets)[:max_chars]
+    error_type = _field(error_type, secrets)
+    code = _field(code, secrets)
+    param = _field(param, secrets)
     if is_context_overflow(message, error_type, code, status):
         return ContextLengthExceeded(message, param="messages")
     return UpstreamFailure(
@@ -41,13 +57,18 @@ def upstream_error(
     )
 
 
+def _field(value: str | None, secrets: tuple[str, ...]) -> str | None:
+    return redact(value, secrets)[:FIELD_CHARS] if value is not None else None
+
+
 def error_from_text(status: int, raw: bytes, secrets: tuple[str, ...] = ()) -> GatewayError:
     """The gateway error for an error answer whose body is not JSON (a proxy's HTML page)."""
-    text = raw.decode("utf-8", "replace").strip()[:500]
+    text = raw.decode("utf-8", "replace").strip()
     return upstream_error(
         status,
         text or "the upstream answered with an empty error body",
         error_type=None,
         code=None,
         secrets=secrets,
+        max_chars=TEXT_CHARS,
     )

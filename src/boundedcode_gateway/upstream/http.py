@@ -15,11 +15,12 @@ general request machinery cut the gateway's own CPU per request by about a third
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import SplitResult, urlsplit
@@ -29,6 +30,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from boundedcode_gateway.errors import (
     ProxyRefused,
+    ResponseTooLarge,
     StreamBroken,
     UpstreamTimeout,
     UpstreamUnavailable,
@@ -46,12 +48,39 @@ _HIGH_WATER = 1 << 20
 # a proxy's answer to CONNECT larger than this is not an answer
 _CONNECT_ANSWER_LIMIT = 16 << 10
 _USER_AGENT = "boundedcode-gateway"
+# a compressed body is inflated at most this much at a time, the event loop running
+# between two pieces: a bomb never allocates past its limit nor holds the loop for long
+INFLATE_PIECE = 256 << 10
+# interim responses skipped on the way to the answer's own head (RFC 9110, 15.2)
+_INTERIM = frozenset({100, 103})
 
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     connect_s: float
     read_s: float
+    # from the first byte of a response head to its end (``read_s`` is the wait for
+    # that first byte: llama-server sends its head with the first token, or with the
+    # whole answer when it is not streamed)
+    header_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What an upstream's answer may hold (``inference.upstream_limits``), in bytes."""
+
+    # an answer read whole, as received
+    body_bytes: int = 64 << 20
+    # the same once its Content-Encoding is undone
+    inflated_bytes: int = 64 << 20
+    # one event of a stream (enforced by the stream's reader, ``relay.py``)
+    event_bytes: int = 8 << 20
+    # the status line and headers, interim responses included
+    head_bytes: int = 64 << 10
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB"
 
 
 class _Stale(Exception):
@@ -62,11 +91,16 @@ class _Cut(Exception):
     """The connection closed in the middle of the response."""
 
 
+class _HeadTooLarge(Exception):
+    """The response head passed its limit before it ended."""
+
+
 class _Protocol(asyncio.Protocol):
     """One upstream connection; at most one exchange at a time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, head_limit: int) -> None:
         self._loop = loop
+        self._head_limit = head_limit
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
@@ -85,6 +119,13 @@ class _Protocol(asyncio.Protocol):
         self.got_bytes = False
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
+        # the response head: bytes received while it had not ended, and the size of its
+        # header lines (interim responses included in both); when it began (None until
+        # its first byte, and again after an interim response)
+        self.head_bytes = 0
+        self._header_bytes = 0
+        self.head_started: float | None = None
+        self._interim = False
 
     # -- asyncio callbacks
 
@@ -94,12 +135,33 @@ class _Protocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        heading = not self.headers_done
+        if heading:
+            self.head_bytes += len(data)
+            if self.head_started is None:
+                self.head_started = self._loop.time()
+                self._wake()  # the wait for the head's end is now the shorter one
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(_Cut("the upstream switched protocols"))
         except httptools.HttpParserError as exc:
             self._fail(_Cut(f"the upstream's answer is not valid HTTP: {exc}"))
+        if heading and self._head_too_large():
+            self.headers_done = False  # a head past the limit is never handed over
+            self._fail(
+                _HeadTooLarge(
+                    f"the upstream's response head is larger than "
+                    f"inference.upstream_limits.max_header_kib ({self._head_limit >> 10} KiB)"
+                )
+            )
+
+    def _head_too_large(self) -> bool:
+        """The header lines (all received at once), or a head not ended after as many
+        bytes, past the limit."""
+        if self._header_bytes > self._head_limit:
+            return True
+        return not self.headers_done and self.head_bytes > self._head_limit
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -121,9 +183,16 @@ class _Protocol(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.raw_headers.append((name, value))
+        self._header_bytes += len(name) + len(value) + 4
 
     def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
+        status = self._parser.get_status_code()
+        if status in _INTERIM:
+            # 100 Continue, 103 Early Hints: the answer's own head follows
+            self._interim = True
+            self.raw_headers = []
+            return
+        self.status = status
         self.headers_done = True
         self._wake()
 
@@ -136,6 +205,11 @@ class _Protocol(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            self.head_started = None  # the next head has its own deadline
+            self._wake()
+            return
         self.complete = True
         # asked here: once the message is done the parser no longer knows
         self.keep_alive = not self.closed and self._parser.should_keep_alive()
@@ -212,8 +286,17 @@ class _Decoder:
         wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
         self._z = zlib.decompressobj(wbits)
 
-    def feed(self, data: bytes) -> bytes:
-        return self._z.decompress(data)
+    def pieces(self, data: bytes) -> Iterator[bytes]:
+        """What ``data`` inflates to, ``INFLATE_PIECE`` bytes at most at a time."""
+        z = self._z
+        while True:
+            piece = z.decompress(data, INFLATE_PIECE)
+            data = z.unconsumed_tail
+            if piece:
+                yield piece
+            # a full piece may leave output pending even with all input taken
+            if not data and len(piece) < INFLATE_PIECE:
+                return
 
     def flush(self) -> bytes:
         return self._z.flush()
@@ -222,11 +305,21 @@ class _Decoder:
 class UpstreamResponse:
     """An answer whose status and headers have arrived; the body is read as it comes."""
 
-    def __init__(self, client: HttpClient, key: _PoolKey, proto: _Protocol, read_s: float) -> None:
+    def __init__(
+        self,
+        client: HttpClient,
+        key: _PoolKey,
+        proto: _Protocol,
+        read_s: float,
+        limits: Limits,
+    ) -> None:
         self._client = client
         self._key = key
         self._proto = proto
         self._read_s = read_s
+        self._limits = limits
+        # body bytes as received (before any Content-Encoding is undone)
+        self.received = 0
         self.status = proto.status
         self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(
             CIMultiDict((n.decode("latin-1"), v.decode("latin-1")) for n, v in proto.raw_headers)
@@ -236,26 +329,65 @@ class UpstreamResponse:
         self._done = False
 
     async def _next(self) -> bytes | None:
-        """The next bytes of the body, or None at its end."""
+        """The next bytes of the body as received, or None at its end."""
         proto = self._proto
         while not proto.chunks:
             if proto.complete:
                 return None
             await proto.wait(self._read_s)
         data = proto.take()
-        return self._decoder.feed(data) if self._decoder is not None else data
+        self.received += len(data)
+        return data
 
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
+    async def iter_chunks(self) -> AsyncGenerator[bytes, None]:
+        """The body as it arrives, inflated piece by piece when it is compressed."""
+        decoder = self._decoder
         while (data := await self._next()) is not None:
-            if data:
-                yield data
-        if self._decoder is not None and (rest := self._decoder.flush()):
+            if decoder is None:
+                if data:
+                    yield data
+                continue
+            later = False
+            for piece in decoder.pieces(data):
+                if later:
+                    await asyncio.sleep(0)  # the loop runs between two inflated pieces
+                later = True
+                yield piece
+        if decoder is not None and (rest := decoder.flush()):
             yield rest
 
     async def read(self) -> bytes:
-        parts = [chunk async for chunk in self.iter_chunks()]
+        """The whole body, within ``max_body_mib`` as received and ``max_inflated_mib`` as
+        inflated; ``ResponseTooLarge`` (the connection closed) past either."""
+        limits = self._limits
+        declared = self.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limits.body_bytes:
+            self.close()
+            raise self._too_large()
+        parts: list[bytes] = []
+        size = 0
+        async with contextlib.aclosing(self.iter_chunks()) as pieces:
+            async for piece in pieces:
+                size += len(piece)
+                if self.received > limits.body_bytes:
+                    self.close()
+                    raise self._too_large()
+                if self._decoder is not None and size > limits.inflated_bytes:
+                    self.close()
+                    raise ResponseTooLarge(
+                        "the upstream's compressed answer inflates past "
+                        f"inference.upstream_limits.max_inflated_mib "
+                        f"({_mib(limits.inflated_bytes)})"
+                    )
+                parts.append(piece)
         self.release()
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _too_large(self) -> ResponseTooLarge:
+        return ResponseTooLarge(
+            "the upstream's answer is larger than inference.upstream_limits.max_body_mib "
+            f"({_mib(self._limits.body_bytes)})"
+        )
 
     def release(self) -> None:
         """Give the connection back to the pool if the answer was read whole, else close it."""
@@ -280,9 +412,15 @@ _PoolKey = tuple[str, str, int]  # scheme, host, port
 class HttpClient:
     """Pooled keep-alive connections to the upstreams; created inside the running event loop."""
 
-    def __init__(self, timeouts: Timeouts, proxies: ProxySettings | None = None) -> None:
+    def __init__(
+        self,
+        timeouts: Timeouts,
+        proxies: ProxySettings | None = None,
+        limits: Limits | None = None,
+    ) -> None:
         self._timeouts = timeouts
         self._proxies = proxies or ProxySettings()
+        self.limits = limits or Limits()
         self._idle: dict[_PoolKey, list[_Protocol]] = {}
         # the way to each origin, decided on its first request: a proxy, or None (direct)
         self._routes: dict[_PoolKey, Proxy | None] = {}
@@ -322,18 +460,19 @@ class HttpClient:
                 self._ssl = ssl.create_default_context()
             context = self._ssl
         via = f" through the proxy {proxy.address} ({proxy.variable})" if proxy else ""
+        head_limit = self.limits.head_bytes
         try:
             async with asyncio.timeout(self._timeouts.connect_s):
                 if proxy is None:
                     _, proto = await loop.create_connection(
-                        lambda: _Protocol(loop), host, port, ssl=context
+                        lambda: _Protocol(loop, head_limit), host, port, ssl=context
                     )
                 elif context is None:  # plain HTTP: absolute-form requests to the proxy
                     _, proto = await loop.create_connection(
-                        lambda: _Protocol(loop), proxy.host, proxy.port
+                        lambda: _Protocol(loop, head_limit), proxy.host, proxy.port
                     )
                 else:
-                    proto = await _tunnel(loop, proxy, host, port, context)
+                    proto = await _tunnel(loop, proxy, host, port, context, head_limit)
         except TimeoutError as exc:
             raise UpstreamTimeout(f"the upstream did not answer in time{via}") from exc
         except OSError as exc:
@@ -368,7 +507,7 @@ class HttpClient:
             try:
                 proto.start(request)
                 while not proto.headers_done:
-                    await proto.wait(self._timeouts.read_s)
+                    await proto.wait(self._head_wait(proto))
             except _Stale as exc:
                 proto.close()
                 if attempt == tries:
@@ -378,7 +517,16 @@ class HttpClient:
                 continue
             except TimeoutError as exc:
                 proto.close()
+                if proto.head_started is not None:
+                    raise UpstreamTimeout(
+                        "the upstream began its response head but did not end it within "
+                        "inference.upstream_limits.header_timeout_s "
+                        f"({self._timeouts.header_s:g} s)"
+                    ) from exc
                 raise UpstreamTimeout("the upstream did not answer in time") from exc
+            except _HeadTooLarge as exc:
+                proto.close()
+                raise ResponseTooLarge(str(exc)) from None
             except _Cut as exc:
                 proto.close()
                 raise UpstreamUnavailable(
@@ -390,8 +538,16 @@ class HttpClient:
             if forward is not None and proto.status == 407:
                 proto.close()
                 raise _refused(forward, key, "407 Proxy Authentication Required")
-            return UpstreamResponse(self, key, proto, self._timeouts.read_s)
+            return UpstreamResponse(self, key, proto, self._timeouts.read_s, self.limits)
         raise AssertionError("unreachable")
+
+    def _head_wait(self, proto: _Protocol) -> float:
+        """How long to wait for the head: for its first byte ``read_s`` (a slow first
+        token), then until ``header_s`` after that byte (a head trickled in)."""
+        if proto.head_started is None:
+            return self._timeouts.read_s
+        left = proto.head_started + self._timeouts.header_s - asyncio.get_running_loop().time()
+        return max(left, 0.0)
 
     async def close(self) -> None:
         self._closed = True
@@ -431,7 +587,12 @@ class _ConnectAnswer(asyncio.Protocol):
 
 
 async def _tunnel(
-    loop: asyncio.AbstractEventLoop, proxy: Proxy, host: str, port: int, context: ssl.SSLContext
+    loop: asyncio.AbstractEventLoop,
+    proxy: Proxy,
+    host: str,
+    port: int,
+    context: ssl.SSLContext,
+    head_limit: int,
 ) -> _Protocol:
     """A TLS connection to ``host:port`` inside a CONNECT tunnel through ``proxy``."""
     raw, answer = await loop.create_connection(lambda: _ConnectAnswer(loop), proxy.host, proxy.port)
@@ -444,7 +605,7 @@ async def _tunnel(
                 raise _refused(proxy, ("https", host, port), said)
             # 502, 504: the proxy could not reach the upstream, as a refused connection
             raise ConnectionError(f"the proxy answered {said or status_line}")
-        proto = _Protocol(loop)
+        proto = _Protocol(loop, head_limit)
         # TLS inside the tunnel, verified for (and SNI naming) the upstream, not the proxy
         transport = await loop.start_tls(raw, proto, context, server_hostname=host)
         if transport is None:
@@ -511,6 +672,11 @@ async def read_body(resp: UpstreamResponse) -> bytes:
     except (_Cut, _Stale, zlib.error) as exc:
         resp.close()
         raise StreamBroken(f"the upstream's answer was cut short: {exc}") from exc
+    except BaseException:
+        # too large (closed already), or cancelled: the connection is in an unknown
+        # state, and closing it stops the upstream's work
+        resp.close()
+        raise
 
 
 async def iter_body(resp: UpstreamResponse) -> AsyncIterator[bytes]:

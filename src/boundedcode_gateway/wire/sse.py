@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 DONE = b"[DONE]"
+# an event's data lines together, or a line not yet ended, may hold this much
+DEFAULT_MAX_EVENT_BYTES = 8 << 20
 
 
 class SSEEvent(NamedTuple):
@@ -18,27 +20,52 @@ class SSEEvent(NamedTuple):
     data: bytes
 
 
+class EventTooLarge(ValueError):
+    """An event's data lines, or a line that has not ended, passed the decoder's limit."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"an event of the stream is larger than {limit} bytes")
+        self.limit = limit
+
+
 class SSEDecoder:
-    """Turns any split of an SSE byte stream into the same events (WHATWG rules)."""
+    """Turns any split of an SSE byte stream into the same events (WHATWG rules), each
+    event within ``max_event_bytes`` (else ``EventTooLarge``)."""
 
-    __slots__ = ("_buf", "_data", "_event", "_has_data")
+    __slots__ = ("_data", "_data_size", "_event", "_has_data", "_limit", "_tail", "_tail_size")
 
-    def __init__(self) -> None:
-        self._buf = b""
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        self._limit = max_event_bytes
+        # the pieces of the line not yet ended, joined only once it ends (a long line
+        # arriving in many reads is not copied again with each one)
+        self._tail: list[bytes] = []
+        self._tail_size = 0
         self._data: list[bytes] = []
+        self._data_size = 0
         self._event = ""
         self._has_data = False
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Consume bytes; return the events completed by them."""
-        buf = self._buf + chunk if self._buf else chunk
+        tail = self._tail
+        if tail:
+            tail.append(chunk)
+            self._tail_size += len(chunk)
+            if b"\n" not in chunk and b"\r" not in chunk:
+                self._check()
+                return []
+            buf = b"".join(tail)
+            tail.clear()
+            self._tail_size = 0
+        else:
+            buf = chunk
         lines = buf.splitlines(keepends=True)
         # a last line without its terminator is incomplete; a lone trailing \r may
         # still be the first half of \r\n
         if lines and (not lines[-1].endswith((b"\n", b"\r")) or lines[-1].endswith(b"\r")):
-            self._buf = lines.pop()
-        else:
-            self._buf = b""
+            last = lines.pop()
+            tail.append(last)
+            self._tail_size = len(last)
         events: list[SSEEvent] = []
         for raw in lines:
             line = raw.rstrip(b"\r\n")
@@ -46,11 +73,17 @@ class SSEDecoder:
                 if self._has_data:
                     events.append(SSEEvent(self._event, b"\n".join(self._data)))
                 self._data = []
+                self._data_size = 0
                 self._event = ""
                 self._has_data = False
             else:
                 self._field(line)
+        self._check()
         return events
+
+    def _check(self) -> None:
+        if self._data_size + self._tail_size > self._limit:
+            raise EventTooLarge(self._limit)
 
     def _field(self, line: bytes) -> None:
         if line[0] == 58:  # ":" starts a comment (llama-server's keep-alive pings)
@@ -60,15 +93,21 @@ class SSEDecoder:
             value = value[1:]
         if name == b"data":
             self._data.append(value)
+            self._data_size += len(value)
             self._has_data = True
+            if self._data_size > self._limit:  # before the event is dispatched whole
+                raise EventTooLarge(self._limit)
         elif name == b"event":
             self._event = value.decode("utf-8", "replace")
 
     def close(self) -> list[SSEEvent]:
         """End of stream: a trailing CR ends its line; an event not yet dispatched is dropped."""
-        if self._buf.endswith(b"\r"):
-            return self.feed(b"\n")
-        return []
+        if not self._tail:
+            return []
+        buf = b"".join(self._tail)
+        self._tail.clear()
+        self._tail_size = 0
+        return self.feed(buf + b"\n" if buf.endswith(b"\r") else buf)
 
 
 def encode_data(payload: bytes) -> bytes:

@@ -128,7 +128,7 @@ class AnthropicUpstream(TranslatingUpstream):
         return True
 
     def stream_translator(self, options: RequestOptions) -> StreamTranslator:
-        return AnthropicStreamTranslator(options, self._secrets())
+        return AnthropicStreamTranslator(options, self.secrets())
 
     def from_response(self, raw: bytes, metrics: CallMetrics, options: RequestOptions) -> bytes:
         return from_anthropic_response(raw, metrics, options.capture_content)
@@ -136,4 +136,4 @@ class AnthropicUpstream(TranslatingUpstream):
     def error_from_response(
         self, status: int, raw: bytes, headers: Mapping[str, str]
     ) -> GatewayError:
-        return error_from_anthropic(status, raw, self._secrets())
+        return error_from_anthropic(status, raw, self.secrets())

@@ -160,7 +160,7 @@ def _error_parts(obj: Any) -> tuple[str, str | None, str | None]:
     """(message, Anthropic error type, code) of an error body or stream error event."""
     err = obj.get("error") if isinstance(obj, dict) else None
     if not isinstance(err, dict):
-        return str(obj)[:500], None, None
+        return str(obj), None, None
     kind = err.get("type") if isinstance(err.get("type"), str) else None
     details = err.get("details")
     # a spent budget answers 429 too, and must not be sent again

@@ -95,7 +95,7 @@ class GeminiUpstream(TranslatingUpstream):
         return False
 
     def stream_translator(self, options: RequestOptions) -> StreamTranslator:
-        return GeminiStreamTranslator(options, self.upstream_model, self._secrets())
+        return GeminiStreamTranslator(options, self.upstream_model, self.secrets())
 
     def from_response(self, raw: bytes, metrics: CallMetrics, options: RequestOptions) -> bytes:
         return from_gemini_response(raw, metrics, options, self.upstream_model)
@@ -103,4 +103,4 @@ class GeminiUpstream(TranslatingUpstream):
     def error_from_response(
         self, status: int, raw: bytes, headers: Mapping[str, str]
     ) -> GatewayError:
-        return error_from_gemini(status, raw, self._secrets())
+        return error_from_gemini(status, raw, self.secrets())

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from boundedcode_gateway.errors import GatewayError, MalformedResponse
+from boundedcode_gateway.errors import GatewayError, MalformedResponse, redact
 from boundedcode_gateway.json_values import count_or_none
 from boundedcode_gateway.providers.base import RequestOptions
 from boundedcode_gateway.providers.gemini.signatures import SignatureCollector
@@ -23,7 +23,11 @@ from boundedcode_gateway.providers.openai_shapes import (
     completion_body,
     tool_call,
 )
-from boundedcode_gateway.providers.upstream_errors import error_from_text, upstream_error
+from boundedcode_gateway.providers.upstream_errors import (
+    TEXT_CHARS,
+    error_from_text,
+    upstream_error,
+)
 from boundedcode_gateway.upstream.metrics import CallMetrics
 
 # Gemini's finishReason → OpenAI's finish_reason ("stop" becomes "tool_calls" with calls)
@@ -228,13 +232,16 @@ def error_from_gemini(status: int, raw: bytes, secrets: tuple[str, ...]) -> Gate
         return error_from_text(status, raw, secrets)
     error = _error_object(obj)
     if error is None:
-        return upstream_error(status, str(obj)[:500], error_type=None, code=None, secrets=secrets)
+        return upstream_error(
+            status, str(obj), error_type=None, code=None, secrets=secrets, max_chars=TEXT_CHARS
+        )
     return _gateway_error(status, error, secrets)
 
 
 def _gateway_error(status: int, error: dict[str, Any], secrets: tuple[str, ...]) -> GatewayError:
     canonical = error.get("status")
-    code = canonical.lower() if isinstance(canonical, str) and canonical else None
+    # the key is taken out before the case is folded, which would hide it from redaction
+    code = redact(canonical, secrets).lower() if isinstance(canonical, str) and canonical else None
     if status == 503:
         code = "upstream_unavailable"
     message = str(error.get("message") or canonical or "Gemini answered with an error")

@@ -236,7 +236,7 @@ class OpenAICompatUpstream:
             )
         return {"Authorization": f"Bearer {key}"} if key else {}
 
-    def _secrets(self) -> tuple[str, ...]:
+    def secrets(self) -> tuple[str, ...]:
         return self._profile.secrets()
 
     def prepare(self, call: ChatCall, send_schema: bool) -> PreparedRequest:
@@ -284,7 +284,7 @@ class OpenAICompatUpstream:
         return False  # the caller's fields pass through: a refusal is the caller's to see
 
     def stream_translator(self, options: RequestOptions) -> StreamTranslator:
-        return OpenAIStreamTranslator(options, self._secrets(), keep_shown=self._continues())
+        return OpenAIStreamTranslator(options, self.secrets(), keep_shown=self._continues())
 
     def continuation(
         self, sent: PreparedRequest, partial: PartialAnswer, options: RequestOptions
@@ -293,7 +293,7 @@ class OpenAICompatUpstream:
         body = continuation_body(sent.body, partial) if self._continues() else None
         if body is None:
             return None
-        secrets = self._secrets()
+        secrets = self.secrets()
         return Continuation(
             dataclasses.replace(sent, body=body, adjustments={}),
             lambda: OpenAIStreamTranslator(options, secrets, continuing=partial),
@@ -307,7 +307,7 @@ class OpenAICompatUpstream:
     def error_from_response(
         self, status: int, raw: bytes, headers: Mapping[str, str]
     ) -> GatewayError:
-        return error_from_openai_compat(status, raw, self._secrets())
+        return error_from_openai_compat(status, raw, self.secrets())
 
     def cache_server(self) -> CacheServer | None:
         """The llama.cpp server's cache, once ``/props`` showed the server is llama.cpp."""

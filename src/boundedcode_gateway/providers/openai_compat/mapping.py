@@ -23,7 +23,11 @@ from boundedcode_gateway.policy.structured import RequestedSchema, strict_schema
 from boundedcode_gateway.providers.base import RequestOptions
 from boundedcode_gateway.providers.openai_compat.dialects import Dialect
 from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, Stamps
-from boundedcode_gateway.providers.upstream_errors import upstream_error
+from boundedcode_gateway.providers.upstream_errors import (
+    MESSAGE_CHARS,
+    TEXT_CHARS,
+    upstream_error,
+)
 from boundedcode_gateway.reasoning_store.keys import text_of, tool_call_ids
 from boundedcode_gateway.upstream.metrics import CallMetrics, CapturedReasoning
 
@@ -251,13 +255,15 @@ def from_openai_compat_response(
     return orjson.dumps(obj) if changed else raw
 
 
-def _error_fields(raw: bytes) -> tuple[str, str | None, Any, str | None]:
-    """(message, type, code, param) from an OpenAI-, llama.cpp- or FastAPI-style error body."""
+def _error_fields(raw: bytes) -> tuple[str, str | None, Any, str | None, int]:
+    """(message, type, code, param, the message's length limit) from an OpenAI-,
+    llama.cpp- or FastAPI-style error body."""
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
         text = raw.decode("utf-8", "replace").strip()
-        return (text[:500] or "the upstream answered with an empty error body"), None, None, None
+        message = text or "the upstream answered with an empty error body"
+        return message, None, None, None, TEXT_CHARS
     err = obj.get("error") if isinstance(obj, dict) else None
     if isinstance(err, dict):
         param = err.get("param")
@@ -266,26 +272,34 @@ def _error_fields(raw: bytes) -> tuple[str, str | None, Any, str | None]:
             err.get("type") if isinstance(err.get("type"), str) else None,
             err.get("code"),
             param if isinstance(param, str) else None,
+            MESSAGE_CHARS,
         )
     if isinstance(err, str):
-        return err, None, None, None
+        return err, None, None, None, MESSAGE_CHARS
     if isinstance(obj, dict) and isinstance(obj.get("message"), str):
         # vLLM and SGLang: {"object": "error", "message", "type", "param", "code": 400}
         kind = obj.get("type")
-        return obj["message"], kind if isinstance(kind, str) else None, obj.get("code"), None
+        kind = kind if isinstance(kind, str) else None
+        return obj["message"], kind, obj.get("code"), None, MESSAGE_CHARS
     if isinstance(obj, dict) and "detail" in obj:
-        return str(obj["detail"]), None, None, None
-    return str(obj)[:500], None, None, None
+        return str(obj["detail"]), None, None, None, MESSAGE_CHARS
+    return str(obj), None, None, None, TEXT_CHARS
 
 
 def error_from_openai_compat(status: int, raw: bytes, secrets: tuple[str, ...]) -> GatewayError:
     """The gateway error for an upstream error answer, in OpenAI's shape."""
-    message, error_type, code, param = _error_fields(raw)
+    message, error_type, code, param, max_chars = _error_fields(raw)
     if not isinstance(code, str):
         # llama.cpp puts the HTTP status in "code"; OpenAI's codes are strings
         code = "upstream_unavailable" if status == 503 else None
     return upstream_error(
-        status, message, error_type=error_type, code=code, param=param, secrets=secrets
+        status,
+        message,
+        error_type=error_type,
+        code=code,
+        param=param,
+        secrets=secrets,
+        max_chars=max_chars,
     )
 
 

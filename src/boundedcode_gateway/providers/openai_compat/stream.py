@@ -169,6 +169,11 @@ class OpenAIStreamTranslator:
             raise MalformedResponse("the upstream sent a stream event that is not JSON") from None
         if not isinstance(obj, dict):
             raise MalformedResponse("the upstream sent a stream event that is not an object")
+        if b"\n" in data:
+            # an event written as several data: lines, joined with "\n": in valid JSON a
+            # line break is only ever whitespace, and relayed as is it would end the
+            # caller's data: line in the middle of the object
+            data = data.replace(b"\n", b" ")
         if "error" in obj:
             raise error_from_stream_event(obj["error"], self._secrets)
         read_answer_metrics(obj, self.metrics)
@@ -296,7 +301,7 @@ class OpenAIStreamTranslator:
         finish = choice.get("finish_reason")
         if finish:
             self.finished = True
-            self.metrics.finish_reason = finish
+            self.metrics.finish_reason = finish if isinstance(finish, str) else None
 
 
 def _carries_role(obj: dict[str, Any]) -> bool:
