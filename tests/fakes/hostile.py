@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 import orjson
 
+from tests.fakes.threaded_server import ThreadedStreamServer
+
 # a held connection waits for its client at most this long, so a failing test cannot hang
 HOLD_LIMIT_S = 15.0
 
@@ -63,17 +65,10 @@ Script = Play | Callable[[Request], Play]
 
 
 @dataclass
-class HostileUpstream:
+class HostileUpstream(ThreadedStreamServer):
     plays: deque[Script] = field(default_factory=deque)
     requests: list[Request] = field(default_factory=list)
-    port: int = 0
     client_left: threading.Event = field(default_factory=threading.Event)
-
-    def __post_init__(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
 
     @property
     def url(self) -> str:
@@ -81,31 +76,6 @@ class HostileUpstream:
 
     def queue(self, *plays: Script) -> None:
         self.plays.extend(plays)
-
-    def start(self) -> HostileUpstream:
-        self._thread.start()
-        started = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop
-        )
-        self._server = started.result(5)
-        self.port = int(self._server.sockets[0].getsockname()[1])
-        return self
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
-
-    async def _close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for writer in list(self._writers):
-            writer.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
+
+from tests.fakes.threaded_server import ThreadedStreamServer
 
 REASONS = {403: "Forbidden", 407: "Proxy Authentication Required", 502: "Bad Gateway"}
 
@@ -28,42 +29,10 @@ class Seen:
 
 
 @dataclass
-class FakeProxy:
+class FakeProxy(ThreadedStreamServer):
     names: set[str]
     refuse: int | None = None  # answer every request with this status
     seen: list[Seen] = field(default_factory=list)
-    port: int = 0
-
-    def __post_init__(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._writers: set[asyncio.StreamWriter] = set()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._server: asyncio.Server | None = None
-
-    def start(self) -> FakeProxy:
-        self._thread.start()
-        started = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop
-        )
-        self._server = started.result(5)
-        self.port = int(self._server.sockets[0].getsockname()[1])
-        return self
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
-
-    async def _close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for writer in list(self._writers):
-            writer.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
