@@ -270,6 +270,13 @@ def test_the_operators_endpoints_answer_an_admin_key_only(
     assert httpx.get(gateway.url + "/health", timeout=10).status_code == 200
 
 
+def test_a_credential_that_is_not_ascii_is_a_401(http: httpx.Client) -> None:
+    for credential in ("Bearer ключ".encode(), b"Bearer \xff\xfe", "Bearer bcg_ö".encode()):
+        refused = http.get("/v1/models", headers={"Authorization": credential})
+        assert refused.status_code == 401
+        assert refused.json()["error"]["code"] == "invalid_api_key"
+
+
 def test_no_auth_means_no_caller_and_no_checks(gateway: Gateway) -> None:
     reply = gateway.client(api_key="anything at all").chat.completions.create(
         model="gpt", messages=HELLO
@@ -315,12 +322,16 @@ def test_no_key_or_token_is_written_anywhere(
                 resp = http.post("/v1/chat/completions", json=body, headers=headers)
                 answers.append(resp.text)
             answers.append(http.get("/v1/models", headers=headers).text)
+        # what an operator reads: the metrics and the readiness of every profile
+        for path in ("/metrics", "/ready"):
+            answers.append(http.get(path, headers=bearer(ADMIN_KEY)).text)
+        assert "boundedcode_gateway_requests_total" in answers[-2]
     assert gw.calls()  # the calls were recorded...
     gw.settle()
     gw.stop()  # ...and everything the gateway writes is on disk
     written = [p for p in data_dir.rglob("*") if p.is_file()]
     assert {p.name for p in written} >= {"calls.jsonl", "ledger.db"}
-    secrets = [LOCAL_KEY, OPS_KEY, valid, expired, wrong_key, forged, SECRET]
+    secrets = [LOCAL_KEY, OPS_KEY, ADMIN_KEY, valid, expired, wrong_key, forged, SECRET]
     # the signature alone would let no one in, but it is no one's business either
     secrets += [t.rsplit(".", 1)[1] for t in (valid, expired, forged)]
     out, err = capfd.readouterr()
