@@ -272,7 +272,7 @@ def test_the_operators_endpoints_answer_an_admin_key_only(
 
 def test_a_credential_that_is_not_ascii_is_a_401(http: httpx.Client) -> None:
     for credential in ("Bearer ключ".encode(), b"Bearer \xff\xfe", "Bearer bcg_ö".encode()):
-        refused = http.get("/v1/models", headers={"Authorization": credential})
+        refused = http.get("/v1/models", headers={b"Authorization": credential})
         assert refused.status_code == 401
         assert refused.json()["error"]["code"] == "invalid_api_key"
 
@@ -323,8 +323,8 @@ def test_no_key_or_token_is_written_anywhere(
                 answers.append(resp.text)
             answers.append(http.get("/v1/models", headers=headers).text)
         # what an operator reads: the metrics and the readiness of every profile
-        for path in ("/metrics", "/ready"):
-            answers.append(http.get(path, headers=bearer(ADMIN_KEY)).text)
+        for endpoint in ("/metrics", "/ready"):
+            answers.append(http.get(endpoint, headers=bearer(ADMIN_KEY)).text)
         assert "boundedcode_gateway_requests_total" in answers[-2]
     assert gw.calls()  # the calls were recorded...
     gw.settle()
