@@ -411,7 +411,8 @@ def test_a_caller_that_stops_reading_is_dropped_and_the_upstream_closed(
     gw = start(start_gateway, hostile, write_stall_s=0.5)
     body = orjson.dumps({"model": "hostile", "messages": HELLO, "stream": True})
     request = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        + b"Content-Type: application/json\r\n"
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
