@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from boundedcode_gateway.budgets.book import BudgetBook, CountingSink
+from boundedcode_gateway.budgets.book import BudgetBook
 from boundedcode_gateway.call_flow import (
     CallDeadline,
     CallFlow,
@@ -30,7 +30,8 @@ from boundedcode_gateway.call_flow import (
 from boundedcode_gateway.errors import GatewayError, ModelNotFound, internal_error
 from boundedcode_gateway.live_config import LiveConfig, Route
 from boundedcode_gateway.llama_server.cache_keeper import CacheKeeper
-from boundedcode_gateway.metering.meter import CallContext, Meter, RecordSink
+from boundedcode_gateway.metering.meter import CallContext, Meter
+from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy.cache_misses import ContinuityTable
 from boundedcode_gateway.policy.history_diff import HistoryTracker
 from boundedcode_gateway.providers.base import Upstream
@@ -50,7 +51,7 @@ class GatewayService:
         self,
         live: LiveConfig,
         http: HttpClient,
-        writer: RecordSink,
+        writer: MeterWriter,
         reasoning: ReasoningStore,
         continuity: ContinuityTable | None = None,
         budgets: BudgetBook | None = None,
@@ -58,8 +59,10 @@ class GatewayService:
     ) -> None:
         self.live = live
         self._http = http
-        # every record is counted against its budgets on its way to the writer
-        self._writer: RecordSink = writer if budgets is None else CountingSink(budgets, writer)
+        self._writer = writer
+        if budgets is not None:
+            # every record the writer is handed, the cache repairs' too, counts
+            writer.observe(budgets.count)
         self._budgets = budgets
         continuity = continuity if continuity is not None else ContinuityTable()
         history = history if history is not None else HistoryTracker()

@@ -206,6 +206,7 @@ class RecordingWriter(MeterWriter):
         self.records: list[CallRecord] = []
 
     def submit(self, record: CallRecord) -> None:
+        self.show(record)
         self.records.append(dataclasses.replace(record))
 
 

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from boundedcode_gateway.access.caller import Caller
-from boundedcode_gateway.budgets.book import BudgetBook, CountingSink, budgets_configured
+from boundedcode_gateway.budgets.book import BudgetBook, budgets_configured
 from boundedcode_gateway.budgets.limits import NO_RETRY_HEADER, next_midnight
 from boundedcode_gateway.budgets.spent import HolderSpent, Spent
 from boundedcode_gateway.budgets.store import LedgerSpendStore
@@ -274,13 +274,18 @@ def test_spending_never_exceeds_the_limit_plus_what_was_in_flight_when_it_was_re
         assert spent < limit + in_flight_at_limit
 
 
-# -- the sink
+# -- counting what the writer is handed
 
 
-def test_the_counting_sink_counts_then_writes_every_record() -> None:
-    book = BudgetBook(None, Clock())
+def counting(book: BudgetBook) -> RecordingWriter:
     writer = RecordingWriter()
-    sink = CountingSink(book, writer)
+    writer.observe(book.count)
+    return writer
+
+
+def test_the_book_counts_every_record_the_writer_is_handed() -> None:
+    book = BudgetBook(None, Clock())
+    sink = writer = counting(book)
     sink.submit(record(0))
     sink.submit(replace(record(1), started_at="not a time"))  # counted on some day
     assert [r.call_id for r in writer.records] == ["call-00000", "call-00001"]
@@ -289,11 +294,11 @@ def test_the_counting_sink_counts_then_writes_every_record() -> None:
 
 def test_a_record_that_cannot_be_counted_is_still_written(caplog: pytest.LogCaptureFixture) -> None:
     book = BudgetBook(None, Clock())
-    writer = RecordingWriter()
+    writer = counting(book)
     broken = replace(record(0), prompt_tokens="many")  # type: ignore[arg-type]
-    CountingSink(book, writer).submit(broken)
+    writer.submit(broken)
     assert [r.call_id for r in writer.records] == ["call-00000"]
-    assert "not counted" in caplog.text
+    assert "failed on call-00000" in caplog.text
 
 
 # -- which configurations need a book
@@ -370,8 +375,7 @@ def test_the_ledger_adds_up_each_callers_and_tasks_spending_today_and_in_all(
 def test_a_restored_book_refuses_what_was_spent_before_the_restart(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     before = BudgetBook(BudgetSettings(max_cost_usd=1.0, per="lifetime"), Clock())
-    writer = RecordingWriter()
-    sink = CountingSink(before, writer)
+    sink = writer = counting(before)
     for n in range(3):
         sink.submit(record(n, prompt_tokens=400, completion_tokens=0, cost_usd=0.4))
     write_ledger(path, writer.records)

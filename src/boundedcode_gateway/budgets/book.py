@@ -2,21 +2,21 @@
 a call against its budgets before it is sent.
 
 Lives on the event loop: ``check`` runs when a call starts, ``count`` when a call's
-record is submitted (``CountingSink``). Neither does I/O; what was spent before a
-restart is read from the store once, at start-up (``restore``).
+record is handed to the meter writer (one of its observers, ``MeterWriter.observe``).
+Neither does I/O; what was spent before a restart is read from the store once, at
+start-up (``restore``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from datetime import UTC, datetime
 
 from boundedcode_gateway.budgets.limits import Overrun, overruns, refusal
 from boundedcode_gateway.budgets.spent import Holder, HolderSpent, Spent, day_of, spent_by
 from boundedcode_gateway.config import BudgetPeriod, BudgetSettings, GatewayConfig
-from boundedcode_gateway.metering.meter import CallContext, RecordSink
+from boundedcode_gateway.metering.meter import CallContext
 from boundedcode_gateway.metering.records import CallRecord
 
 log = logging.getLogger(__name__)
@@ -113,21 +113,3 @@ class BudgetBook:
         if held is None:
             held = self._spent[holder] = HolderSpent(day)
         held.add(day, spent)
-
-
-class CountingSink:
-    """Counts each finished record in the book, then passes it on to the writer."""
-
-    __slots__ = ("_book", "_next")
-
-    def __init__(self, book: BudgetBook, writer: RecordSink) -> None:
-        self._book = book
-        self._next = writer
-
-    def submit(self, record: CallRecord) -> Future[None] | None:
-        try:
-            self._book.count(record)
-        except Exception:
-            # a record is written even if it could not be counted
-            log.exception("budgets: the spending of %s was not counted", record.call_id)
-        return self._next.submit(record)

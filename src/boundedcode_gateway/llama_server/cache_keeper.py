@@ -28,7 +28,8 @@ import orjson
 from boundedcode_gateway.config import PriceSettings
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.json_values import count_or_none
-from boundedcode_gateway.metering.meter import CallContext, Meter, RecordSink
+from boundedcode_gateway.metering.meter import CallContext, Meter
+from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy.cache_misses import (
     MISS_TOLERANCE_TOKENS,
     REPAIR_PURPOSE,
@@ -167,7 +168,7 @@ class CacheKeeper:
         profile: str,
         server: CacheServer,
         http: HttpClient,
-        writer: RecordSink,
+        writer: MeterWriter,
         price: PriceSettings | None = None,
     ) -> None:
         self._profile = profile

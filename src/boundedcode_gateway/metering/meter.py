@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol
 
 from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.clock import utc_now_iso
@@ -16,19 +15,11 @@ from boundedcode_gateway.config import PriceSettings
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.metering.cost import call_cost
 from boundedcode_gateway.metering.records import CallRecord
+from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.text import clip
 from boundedcode_gateway.upstream.metrics import CallMetrics
 
 CLIENT_CLOSED = 499  # nginx's convention for "the caller went away"
-
-
-class RecordSink(Protocol):
-    """Where a finished record goes: the meter writer, or what counts it on the way there.
-
-    ``submit`` runs on the event loop; it must never block or raise.
-    """
-
-    def submit(self, record: CallRecord) -> Future[None] | None: ...
 
 
 @dataclass(slots=True)
@@ -81,7 +72,7 @@ class Meter:
 
     def __init__(
         self,
-        writer: RecordSink,
+        writer: MeterWriter,
         ctx: CallContext,
         model: str,
         messages: int = 0,

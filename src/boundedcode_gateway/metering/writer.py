@@ -89,6 +89,14 @@ class MeterWriter:
         loop): it must be cheap and never raise. It sees records also with metering off."""
         self._observers = (*self._observers, observer)
 
+    def show(self, record: CallRecord) -> None:
+        """Show a record to the observers; one that fails is logged, the record still goes."""
+        for observer in self._observers:
+            try:
+                observer(record)
+            except Exception:
+                logger.exception("an observer of call records failed on %s", record.call_id)
+
     @property
     def queued(self) -> int:
         """Records accepted and not yet written (or given up)."""
@@ -108,11 +116,7 @@ class MeterWriter:
         When ``sync``, the future done once the record's batch has been written (or its
         sinks have failed, which is logged); None for a record not queued, or not sync.
         """
-        for observer in self._observers:
-            try:
-                observer(record)
-            except Exception:
-                logger.exception("an observer of call records failed on %s", record.call_id)
+        self.show(record)
         if not self.enabled:
             return None
         with self._lock:
