@@ -137,6 +137,8 @@ class CallFlow:
         self._shared = shared
         self._meter = meter
         self._upstream = upstream
+        # the profile's key, read once: no answer, record or error of this call holds it
+        self._secrets = upstream.secrets()
         self._keeper = keeper
         self._caller_body = body
         self._previous: PreviousCall | None = None
@@ -242,7 +244,7 @@ class CallFlow:
                 attempts.prepared, partial, options
             ),
             recorded=self._meter.recorded,
-            secrets=upstream.secrets(),
+            secrets=self._secrets,
             max_event_bytes=self._shared.http.limits.event_bytes,
         )
         self._relay = relay
@@ -268,7 +270,7 @@ class CallFlow:
                 attempts.log(exc.http_status, exc.code)
                 raise
             metrics = CallMetrics()
-            secrets = self._upstream.secrets()
+            secrets = self._secrets
             try:
                 out = self._upstream.from_response(raw, metrics, call.options)
             except GatewayError as exc:
@@ -393,7 +395,7 @@ class CallFlow:
             r.decode_ms = metrics.decode_ms
             # words of the upstream's own: the key never reaches a record through them, and
             # they are bounded as a caller's are
-            secrets = upstream.secrets()
+            secrets = self._secrets
             if metrics.finish_reason:
                 r.finish_reason = clip(redact_optional(metrics.finish_reason, secrets) or "")
             if metrics.upstream_model:

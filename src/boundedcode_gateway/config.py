@@ -339,6 +339,13 @@ class ModelProfile(_Strict):
             )
         return key
 
+    def key_missing(self) -> str | None:
+        """Why the profile cannot be called for want of its key; None when it has one or
+        needs none (readiness)."""
+        if self.api_key_env and self.api_key() is None:
+            return f"the environment variable {self.api_key_env} is not set"
+        return None
+
     def secrets(self) -> tuple[str, ...]:
         """What must never appear in an answer, an error message, a record or a log (the
         key, as the environment holds it, usable or not)."""

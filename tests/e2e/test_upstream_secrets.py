@@ -96,18 +96,24 @@ def anthropic_event(name: str, obj: dict[str, Any]) -> bytes:
     return f"event: {name}\n".encode() + sse({"type": name, **obj})
 
 
-def anthropic_streamed(req: Request) -> Play:
-    k = req.key
+def anthropic_opening(k: str, text: str) -> list[bytes]:
+    """A message's start and its first text block's first words."""
     start = {**anthropic_message(k), "content": [], "stop_reason": None}
-    events = [
+    return [
         anthropic_event("message_start", {"message": start}),
         anthropic_event(
             "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}
         ),
         anthropic_event(
-            "content_block_delta",
-            {"index": 0, "delta": {"type": "text_delta", "text": f"your key is {k}"}},
+            "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}}
         ),
+    ]
+
+
+def anthropic_streamed(req: Request) -> Play:
+    k = req.key
+    events = [
+        *anthropic_opening(k, f"your key is {k}"),
         anthropic_event("content_block_stop", {"index": 0}),
         anthropic_event(
             "message_delta", {"delta": {"stop_reason": k}, "usage": {"output_tokens": 2}}
@@ -119,15 +125,8 @@ def anthropic_streamed(req: Request) -> Play:
 
 def anthropic_error_event(req: Request) -> Play:
     k = req.key
-    start = {**anthropic_message(k), "content": [], "stop_reason": None}
     events = [
-        anthropic_event("message_start", {"message": start}),
-        anthropic_event(
-            "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}
-        ),
-        anthropic_event(
-            "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "Hi"}}
-        ),
+        *anthropic_opening(k, "Hi"),
         anthropic_event("error", {"error": {"type": k, "message": f"overloaded {k}"}}),
     ]
     return Play([stream_head(), *events])

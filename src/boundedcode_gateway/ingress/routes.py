@@ -160,7 +160,7 @@ class Router:
                 if method != "POST":
                     raise MethodNotAllowed(f"Use POST for {path}")
                 check_json_body(content_type)
-                await self._chat(scope, receive, send, path_task, caller)
+                await self._chat(scope, receive, send, path_task, caller, live.max_body_bytes)
             elif path in OPERATIONS_PATHS:
                 await self._operations(send, path, caller)
             elif path == "/v1/models":
@@ -253,8 +253,9 @@ class Router:
         send: Send,
         path_task: str | None,
         caller: Caller | None,
+        max_body_bytes: int,
     ) -> None:
-        raw = await read_request_body(scope, receive, self.service.live.max_body_bytes)
+        raw = await read_request_body(scope, receive, max_body_bytes)
         parsed: Any = await self.body_parser.parse(raw)
         model = requested_model(parsed)
         try:

@@ -67,9 +67,7 @@ class TranslatingUpstream:
 
     async def readiness(self) -> str | None:
         """Ready when its API key is set (the provider is not called to find out)."""
-        if self._profile.api_key() is None:
-            return f"the environment variable {self._profile.api_key_env} is not set"
-        return None
+        return self._profile.key_missing()
 
     def server_restarts(self) -> int | None:
         return None

@@ -321,9 +321,9 @@ class OpenAICompatUpstream:
     async def readiness(self) -> str | None:
         """A key the profile names is set; a managed server is healthy, another local
         server answers its ``/health``."""
-        env = self._profile.api_key_env
-        if env and self._profile.api_key() is None:
-            return f"the environment variable {env} is not set"
+        missing = self._profile.key_missing()
+        if missing is not None:
+            return missing
         if self.managed is not None:
             if self.managed.ready:
                 return None
