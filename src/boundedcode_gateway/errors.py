@@ -29,7 +29,10 @@ The tree::
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import orjson
@@ -204,6 +207,7 @@ class ProxyRefused(UpstreamFailure):
 
 
 REDACTED = "***"
+REDACTED_BYTES = REDACTED.encode()
 
 
 def redact(text: str, secrets: tuple[str, ...]) -> str:
@@ -246,8 +250,26 @@ def secret_forms(secrets: tuple[str, ...]) -> tuple[bytes, ...]:
 
 
 def redact_bytes(data: bytes, forms: tuple[bytes, ...]) -> bytes:
-    """``data`` (JSON on its way to a caller) with every form of a secret replaced."""
+    """``data`` (JSON on its way to a caller) with every form of a secret replaced.
+
+    A form is replaced only where it begins outside an escape: a key of hex digits
+    would otherwise match inside ``\\u0010`` and leave a broken escape behind.
+    """
     for form in forms:
         if form in data:
-            data = data.replace(form, REDACTED.encode())
+            data = _form_or_escape(form).sub(_redacted_if(form), data)
     return data
+
+
+def _redacted_if(form: bytes) -> Callable[[re.Match[bytes]], bytes]:
+    def replace(match: re.Match[bytes]) -> bytes:
+        found = match.group()
+        return REDACTED_BYTES if found == form else found
+
+    return replace
+
+
+@functools.lru_cache(maxsize=64)
+def _form_or_escape(form: bytes) -> re.Pattern[bytes]:
+    # the form first: a key whose form begins with an escape is matched at it
+    return re.compile(re.escape(form) + rb"|\\(?:u[0-9a-fA-F]{4}|.)", re.DOTALL)
