@@ -103,7 +103,7 @@ class HostileUpstream(ThreadedStreamServer):
             return False  # nothing scripted: hang up, which the test will notice
         script = self.plays.popleft()
         play = script(request) if callable(script) else script
-        for step in play.steps:
+        for step in _announced(play):
             if isinstance(step, float):
                 if await _left_within(reader, step):
                     self.client_left.set()
@@ -117,6 +117,23 @@ class HostileUpstream(ThreadedStreamServer):
             self.client_left.set()
             return False
         return play.then == "keep"
+
+
+def _announced(play: Play) -> list[Step]:
+    """The play's steps, its head saying ``Connection: close`` when the connection ends
+    with the play, as a server that closes after an answer says so (a client would
+    otherwise send its next request on a connection about to close)."""
+    steps = list(play.steps)
+    if play.then != "close":
+        return steps
+    for n, step in enumerate(steps):
+        # the final head: interim 1xx heads come before it
+        if isinstance(step, bytes) and step.startswith(b"HTTP/1.") and step[9:10] != b"1":
+            head, blank, rest = step.partition(b"\r\n\r\n")
+            if blank and b"\r\nconnection:" not in head.lower():
+                steps[n] = head + b"\r\nConnection: close" + blank + rest
+            break
+    return steps
 
 
 async def _left_within(reader: asyncio.StreamReader, pause_s: float) -> bool:
