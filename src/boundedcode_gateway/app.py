@@ -37,6 +37,9 @@ from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.retention import FolderSweeper
 from boundedcode_gateway.service import GatewayService
+from boundedcode_gateway.ui.events import CallEvents
+from boundedcode_gateway.ui.records import RecentRecords
+from boundedcode_gateway.ui.routes import UiRoutes
 from boundedcode_gateway.upstream.http import HttpClient, Limits, Timeouts
 from boundedcode_gateway.upstream.proxy import ProxySettings
 
@@ -104,6 +107,10 @@ class GatewayApp:
         self.spend_store: SpendStore | None = (
             LedgerSpendStore(config.ledger_path) if config.metering.enabled else None
         )
+        # what the page of calls is told as calls go, and the records it shows whole
+        self.events = CallEvents()
+        records = RecentRecords()
+        self.writer.observe(records.remember)
         self.service = GatewayService(
             build_live_config(config, self.http, listen_host=listen_host),
             self.http,
@@ -112,8 +119,9 @@ class GatewayApp:
             continuity,
             budgets=self.budgets,
             history=HistoryTracker(*memory),
+            events=self.events,
         )
-        self.metrics = GatewayMetrics(self.service, self.writer)
+        self.metrics = GatewayMetrics(self.service, self.writer, self.events)
         self.writer.observe(self.metrics.observe)
         self.sweeper = (
             FolderSweeper(self.reasoning, retention.task_days)
@@ -122,7 +130,15 @@ class GatewayApp:
         )
         self._sweeping: asyncio.Task[None] | None = None
         self.body_parser = BodyParser(config.limits.max_parsing_bytes)
-        self.router = Router(self.service, self.metrics, self.body_parser)
+        ui = UiRoutes(
+            self.service,
+            self.events,
+            records,
+            config.calls_path,
+            config.ledger_path if config.metering.enabled else None,
+            listen_host,
+        )
+        self.router = Router(self.service, self.metrics, self.body_parser, ui)
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reload_lock = asyncio.Lock()

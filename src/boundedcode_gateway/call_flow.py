@@ -44,7 +44,7 @@ from boundedcode_gateway.policy.structured import requested_schema
 from boundedcode_gateway.providers.base import ChatCall, RequestOptions, Upstream
 from boundedcode_gateway.reasoning_store.keys import keys_for, text_of
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
-from boundedcode_gateway.relay import StreamRelay
+from boundedcode_gateway.relay import CallWatcher, StreamRelay
 from boundedcode_gateway.text import clip
 from boundedcode_gateway.upstream.http import HttpClient, read_body
 from boundedcode_gateway.upstream.metrics import CallMetrics
@@ -94,6 +94,8 @@ class SharedState:
     continuity: ContinuityTable
     # (profile, schema form) pairs whose upstream refused a schema
     schema_refused: set[tuple[str, str]]
+    # told how each streamed answer goes (the page of calls); None when no one watches
+    watcher: CallWatcher | None = None
 
 
 def call_options(body: dict[str, Any], discard_header: bool, capture: Capture) -> RequestOptions:
@@ -246,6 +248,7 @@ class CallFlow:
             recorded=self._meter.recorded,
             secrets=self._secrets,
             max_event_bytes=self._shared.http.limits.event_bytes,
+            watcher=self._shared.watcher,
         )
         self._relay = relay
         try:

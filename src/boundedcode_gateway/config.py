@@ -396,6 +396,8 @@ class GatewayConfig(_Strict):
     budgets: BudgetsSettings = BudgetsSettings()
     limits: LimitsSettings = LimitsSettings()
     retention: RetentionSettings = RetentionSettings()
+    # the page of calls at /ui/ (on loopback, or for an admin key with auth:)
+    ui: bool = True
     models: dict[str, ModelProfile] = Field(min_length=1)
 
     @field_validator("auth", mode="before")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -52,6 +52,20 @@ ContinueFrom = Callable[[PartialAnswer], Continuation | None]
 OnEnd = Callable[[GatewayError | None, bool], None]
 
 
+# a streaming call tells its watcher how far it got at most this often
+STREAMING_EVERY_MS = 500.0
+
+
+class CallWatcher(Protocol):
+    """Who is told how a streamed answer goes (the page of calls, ``ui/events.py``)."""
+
+    def progress(self, call_id: str, processed: int, total: int, cache: int) -> None: ...
+
+    def first_token(self, call_id: str, ttft_ms: float) -> None: ...
+
+    def streaming(self, call_id: str, chunks: int, elapsed_ms: float) -> None: ...
+
+
 def _no_continuation(partial: PartialAnswer) -> Continuation | None:
     return None
 
@@ -76,8 +90,14 @@ class StreamRelay:
         recorded: Callable[[], Awaitable[None]] = _nothing_to_wait_for,
         secrets: tuple[str, ...] = (),
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        watcher: CallWatcher | None = None,
     ) -> None:
         self._ctx = ctx
+        self._watcher = watcher
+        # what the watcher was last told: prompt read, chunks relayed, when
+        self._told_processed: int | None = None
+        self._chunks = 0
+        self._told_at_ms = 0.0
         self._model = model
         self._on_end = on_end
         # how the end of the stream waits for the call's record (`metering.sync`)
@@ -171,8 +191,28 @@ class StreamRelay:
                 break
         if t.content_started and self.ttft_ms is None:
             self.ttft_ms = self._ctx.elapsed_ms()
+            if self._watcher is not None:
+                self._watcher.first_token(self._ctx.call_id, self.ttft_ms)
+        if self._watcher is not None:
+            self._tell(self._watcher, t.metrics, len(parts) // 3)
         out = b"".join(parts)
         return redact_bytes(out, self._secret_forms) if self._secret_forms else out, error
+
+    def _tell(self, watcher: CallWatcher, metrics: CallMetrics, chunks: int) -> None:
+        """The prompt read so far, when it moved; the chunks relayed, now and then."""
+        call_id = self._ctx.call_id
+        processed = metrics.prompt_processed
+        if processed is not None and processed != self._told_processed:
+            self._told_processed = processed
+            total, cache = metrics.prompt_tokens or 0, metrics.cached_tokens or 0
+            watcher.progress(call_id, processed, total, cache)
+        if self.ttft_ms is None or not chunks:
+            return
+        self._chunks += chunks
+        now = self._ctx.elapsed_ms()
+        if now - self._told_at_ms >= STREAMING_EVERY_MS:
+            self._told_at_ms = now
+            watcher.streaming(call_id, self._chunks, now)
 
     def _broken(self) -> StreamBroken:
         return StreamBroken("the upstream stream ended with no finish reason and no [DONE]")

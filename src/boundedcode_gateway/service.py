@@ -37,6 +37,7 @@ from boundedcode_gateway.policy.history_diff import HistoryTracker
 from boundedcode_gateway.providers.base import Upstream
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.text import clip
+from boundedcode_gateway.ui.events import CallEvents
 from boundedcode_gateway.upstream.http import HttpClient
 
 __all__ = ["GatewayService", "JsonAnswer", "StreamAnswer"]
@@ -56,6 +57,7 @@ class GatewayService:
         continuity: ContinuityTable | None = None,
         budgets: BudgetBook | None = None,
         history: HistoryTracker | None = None,
+        events: CallEvents | None = None,
     ) -> None:
         self.live = live
         self._http = http
@@ -66,7 +68,10 @@ class GatewayService:
         self._budgets = budgets
         continuity = continuity if continuity is not None else ContinuityTable()
         history = history if history is not None else HistoryTracker()
-        self._shared = SharedState(http, reasoning, history, continuity, set())
+        self._shared = SharedState(http, reasoning, history, continuity, set(), events)
+        if events is not None:
+            writer.observe(events.finished)
+        self._events = events
         # by upstream: a changed profile's new upstream gets a keeper of its own
         self._keepers: dict[Upstream, CacheKeeper] = {}
         # routes a reload took out, until the calls on them end
@@ -100,6 +105,9 @@ class GatewayService:
             route.enter()
             on_submit = route.leave
         price = self.live.price_of(model)
+        if self._events is not None:
+            stream = body.get("stream") is True
+            self._events.started(ctx.call_id, ctx.task, ctx.purpose, clip(model), stream)
         meter = Meter(self._writer, ctx, model, len(body["messages"]), price, on_submit)
         flow: CallFlow | None = None
         deadline = self._deadline(ctx)

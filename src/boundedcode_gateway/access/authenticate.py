@@ -7,6 +7,8 @@ repeats the credential it was given.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -18,6 +20,9 @@ from boundedcode_gateway.config import AuthSettings
 from boundedcode_gateway.errors import ConfigError, Forbidden, Unauthenticated
 
 BEARER = "bearer "
+BASIC = "basic "
+# what a browser shows when it asks for the page of calls' credential
+BASIC_CHALLENGE = 'Basic realm="BoundedCode gateway", charset="UTF-8"'
 
 
 def token_secret(auth: AuthSettings, environ: Mapping[str, str]) -> bytes | None:
@@ -62,6 +67,18 @@ class Authenticator:
             exc.headers["WWW-Authenticate"] = "Bearer"
             raise
 
+    def viewer(self, authorization: str | None) -> Caller:
+        """The caller of a page a browser opens: a Bearer credential, or a key given as the
+        password of HTTP Basic (any user name), which a browser asks for on a 401 naming
+        Basic and then sends with every request of the page, its event stream included."""
+        if authorization is not None and authorization[: len(BASIC)].lower() == BASIC:
+            authorization = BEARER + _basic_password(authorization[len(BASIC) :])
+        try:
+            return self._caller(authorization)
+        except Unauthenticated as exc:
+            exc.headers["WWW-Authenticate"] = BASIC_CHALLENGE
+            raise
+
     def _caller(self, authorization: str | None) -> Caller:
         if authorization is None:
             raise Unauthenticated(
@@ -79,6 +96,17 @@ class Authenticator:
         if caller is None:
             raise Unauthenticated("Invalid API key")
         return caller
+
+
+def _basic_password(credential: str) -> str:
+    try:
+        decoded = base64.b64decode(credential.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        raise Unauthenticated("The Basic credential is not valid base64 of 'user:key'") from None
+    _user, colon, password = decoded.partition(":")
+    if not colon or not password:
+        raise Unauthenticated("Give the admin key as the password (any user name)")
+    return password
 
 
 def check_model(caller: Caller, model: str) -> None:

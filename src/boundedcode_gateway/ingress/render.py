@@ -28,9 +28,19 @@ async def send_json(
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def send_body(send: Send, status: int, body: bytes, content_type: bytes) -> None:
+async def send_body(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
     """A complete answer of another content type, with its length."""
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+        *(extra or []),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 

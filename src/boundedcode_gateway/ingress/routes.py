@@ -52,6 +52,7 @@ from boundedcode_gateway.operations.metrics import GatewayMetrics
 from boundedcode_gateway.operations.readiness import readiness
 from boundedcode_gateway.service import GatewayService, JsonAnswer, StreamAnswer
 from boundedcode_gateway.text import clip
+from boundedcode_gateway.ui.routes import UiRoutes
 
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 # the operator's view of the gateway, answered by ``Router._operations``
@@ -136,9 +137,11 @@ class Router:
         service: GatewayService,
         metrics: GatewayMetrics,
         body_parser: BodyParser | None = None,
+        ui: UiRoutes | None = None,
     ) -> None:
         self.service = service
         self.metrics = metrics
+        self.ui = ui
         self.body_parser = body_parser or BodyParser(LimitsSettings().max_parsing_bytes)
         self.started_at = time.time()
 
@@ -149,14 +152,22 @@ class Router:
             await send_json(send, 200, b'{"status":"ok"}')
             return
         is_chat, path_task = _chat_task(path)
+        ui = self.ui if self.ui is not None and UiRoutes.serves(path) else None
         try:
             host, origin, authorization, content_type = _access_headers(scope)
             # one configuration for the whole request, whatever a reload does meanwhile
             live = self.service.live
             live.sites.check(host, origin)
             authenticator = live.authenticator
-            caller = authenticator.caller(authorization) if authenticator is not None else None
-            if is_chat:
+            caller = None
+            if authenticator is not None:
+                # a browser opens the page: it may give the key as HTTP Basic's password
+                login = authenticator.viewer if ui is not None else authenticator.caller
+                caller = login(authorization)
+            if ui is not None:
+                ui.check_access(live.config.ui, caller)
+                await ui(scope, receive, send)
+            elif is_chat:
                 if method != "POST":
                     raise MethodNotAllowed(f"Use POST for {path}")
                 check_json_body(content_type)

@@ -19,7 +19,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from boundedcode_gateway.errors import GatewayError, UpstreamUnavailable
 from boundedcode_gateway.llama_server.flags import LOOPBACK, ServerCommand
@@ -34,6 +36,34 @@ BACKOFF_MAX_S = 30.0
 # a run this long counts as healthy: the next death starts the backoff afresh
 HEALTHY_RUN_S = 60.0
 _PR_SET_PDEATHSIG = 1
+
+
+ServerState = Literal["starting", "ready", "restarting", "failed", "stopped"]
+# a flag whose value is not shown (an API key given in server.extra_args)
+_SECRET_FLAG_WORDS = ("key", "token", "secret", "password")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStatus:
+    """What an operator is shown of one managed server."""
+
+    state: ServerState
+    pid: int | None
+    port: int | None
+    # seconds since it last became ready (None unless ready)
+    uptime_s: float | None
+    restarts: int
+    # its command line, values of secret-looking flags hidden
+    argv: tuple[str, ...]
+
+
+def shown_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """``argv`` with the value after each flag that names a key, token or password hidden."""
+    out = list(argv)
+    for i, arg in enumerate(argv[:-1]):
+        if arg.startswith("-") and any(w in arg.lower() for w in _SECRET_FLAG_WORDS):
+            out[i + 1] = "***"
+    return tuple(out)
 
 
 def free_port() -> int:
@@ -71,6 +101,20 @@ class ManagedLlamaServer:
         self._stopping = False
         self._supervisor: asyncio.Task[None] | None = None
         self.restarts = 0
+        self._state: ServerState = "stopped"
+        self._ready_since: float | None = None  # monotonic
+        self._argv: tuple[str, ...] = ()
+
+    def status(self) -> ServerStatus:
+        ready_since = self._ready_since
+        return ServerStatus(
+            self._state,
+            self.pid if self._state != "stopped" else None,
+            self._port or None,
+            round(time.monotonic() - ready_since, 1) if ready_since is not None else None,
+            self.restarts,
+            shown_argv(self._argv),
+        )
 
     @property
     def pid(self) -> int | None:
@@ -96,6 +140,7 @@ class ManagedLlamaServer:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._ready.wait(), self._startup_timeout_s)
         if not self._ready.is_set():
+            self._state = "failed"
             log.error(
                 "llama-server for %s is not healthy after %.0f s; see %s",
                 self.name,
@@ -122,6 +167,9 @@ class ManagedLlamaServer:
     async def _run_once(self) -> int | None:
         self._port = free_port()
         cmd = self._command_for_port(self._port)
+        self._argv = cmd.argv
+        if self._state != "failed":
+            self._state = "restarting" if self.restarts else "starting"
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self._log_path, "ab") as out:
             self._proc = subprocess.Popen(
@@ -140,6 +188,10 @@ class ManagedLlamaServer:
             await self._wait_healthy(exited)
             return await exited
         finally:
+            # a run that never became ready leaves the server failed until one does
+            if not self._stopping:
+                self._state = "restarting" if self._ready.is_set() else "failed"
+            self._ready_since = None
             self._ready.clear()
             if not exited.done():
                 exited.cancel()
@@ -151,6 +203,8 @@ class ManagedLlamaServer:
                 resp = await self._http.send("GET", url, {}, resend_safe=True)
                 await read_body(resp)
                 if resp.status == 200:
+                    self._state = "ready"
+                    self._ready_since = time.monotonic()
                     self._ready.set()
                     return
             except GatewayError:
@@ -161,6 +215,8 @@ class ManagedLlamaServer:
         """Stop the server (SIGTERM, then SIGKILL after a grace period) and its supervisor."""
         self._stopping = True
         self._ready.clear()
+        self._state = "stopped"
+        self._ready_since = None
         proc = self._proc
         if proc is not None and proc.poll() is None:
             proc.terminate()

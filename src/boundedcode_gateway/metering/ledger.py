@@ -18,6 +18,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from boundedcode_gateway.clock import utc_now_iso
+from boundedcode_gateway.metering.ledger_queries import (
+    CALL_SQL,
+    CallFilter,
+    calls_query,
+    misses_query,
+    task_summary,
+    tasks_query,
+)
 from boundedcode_gateway.metering.records import LEDGER_FIELDS, CallRecord, Rejected
 
 MIGRATIONS_PACKAGE = "boundedcode_gateway.metering"
@@ -195,6 +203,32 @@ class Ledger:
         rows = [_row_dict(row) for row in cursor.fetchall()]
         rows.reverse()
         return rows
+
+    def calls(self, f: CallFilter) -> tuple[list[dict[str, Any]], tuple[str, str] | None]:
+        """A page of calls, newest first, and the cursor of the next page (None: the last)."""
+        sql, params = calls_query(f)
+        rows = [_row_dict(row) for row in self._connection().execute(sql, params).fetchall()]
+        if len(rows) <= f.limit:
+            return rows, None
+        del rows[f.limit :]
+        last = rows[-1]
+        return rows, (last["started_at"], last["call_id"])
+
+    def call(self, call_id: str) -> dict[str, Any] | None:
+        row = self._connection().execute(CALL_SQL, (call_id,)).fetchone()
+        return _row_dict(row) if row is not None else None
+
+    def tasks(self, search: str | None, limit: int) -> list[dict[str, Any]]:
+        """Per task its sums and misses, the tasks with the latest calls first."""
+        conn = self._connection()
+        sql, params = tasks_query(search, limit)
+        rows = conn.execute(sql, params).fetchall()
+        misses: dict[str, dict[str, int]] = {row[0]: {} for row in rows}
+        if rows:
+            sql, params = misses_query(list(misses))
+            for task, cause, count in conn.execute(sql, params).fetchall():
+                misses[task][cause] = int(count)
+        return [task_summary(tuple(row), misses[row[0]]) for row in rows]
 
     def spending(self, day_start: str, day_end: str) -> list[HolderTotals]:
         """Each caller's and task's spending, in all and from ``day_start`` up to

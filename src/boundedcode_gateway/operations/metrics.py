@@ -31,6 +31,7 @@ from boundedcode_gateway.live_config import Route
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
+from boundedcode_gateway.ui.events import CallEvents
 
 PREFIX = "boundedcode_gateway"
 OTHER = "other"
@@ -86,7 +87,9 @@ class GatewayMetrics:
     """The registry of one gateway (not the process-wide default: several may share a
     process) and the observer that counts each call's record into it."""
 
-    def __init__(self, routes: RouteTable, writer: MeterWriter) -> None:
+    def __init__(
+        self, routes: RouteTable, writer: MeterWriter, events: CallEvents | None = None
+    ) -> None:
         self._routes = routes
         self.registry = CollectorRegistry()
         r = self.registry
@@ -140,7 +143,7 @@ class GatewayMetrics:
             ["result"],
             registry=r,
         )
-        r.register(_StateCollector(routes, writer))
+        r.register(_StateCollector(routes, writer, events))
         self._series: dict[tuple[str, str], _Series] = {}
         self._codes: set[str] = set()
 
@@ -199,9 +202,10 @@ class _StateCollector(Collector):
     """What is read when scraped: calls in flight, managed-server restarts, the metering
     queue and its losses."""
 
-    def __init__(self, routes: RouteTable, writer: MeterWriter) -> None:
+    def __init__(self, routes: RouteTable, writer: MeterWriter, events: CallEvents | None) -> None:
         self._routes = routes
         self._writer = writer
+        self._events = events
 
     def collect(self) -> Iterable[Metric]:
         in_flight = GaugeMetricFamily(
@@ -248,3 +252,15 @@ class _StateCollector(Collector):
             "Failed writes of the call log or the ledger",
             value=w.errors,
         )
+        events = self._events
+        if events is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_ui_viewers",
+                "Pages of calls connected to the event stream",
+                value=events.viewers,
+            )
+            yield CounterMetricFamily(
+                f"{PREFIX}_ui_dropped_events",
+                "Events of the page of calls dropped for viewers too slow to read them",
+                value=events.dropped,
+            )

@@ -24,6 +24,8 @@ from boundedcode_gateway.lru import Clock, IdleLru
 MISS_TOLERANCE_TOKENS = 8
 # the purpose the gateway's own cache repairs are metered under
 REPAIR_PURPOSE = "cache_repair"
+# the cause of a prompt served from cache within the tolerance: not a miss
+NOT_A_MISS = "none"
 
 MissCause = Literal[
     "first_call",

@@ -186,6 +186,11 @@ class Upstream(Protocol):
         exited; None for a profile without one."""
         ...
 
+    async def servers(self) -> list[dict[str, Any]]:
+        """The servers behind the profile as an operator is shown them (a local server's
+        state and slots; none for a cloud API): no key, no prompt."""
+        ...
+
     def secrets(self) -> tuple[str, ...]:
         """What must never reach a caller, a record or a log: the profile's API key."""
         ...

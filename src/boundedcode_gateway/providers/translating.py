@@ -7,7 +7,7 @@ translation, its retry rules and capabilities.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from boundedcode_gateway.config import GatewayConfig, ModelProfile
 from boundedcode_gateway.errors import MissingApiKey
@@ -71,6 +71,9 @@ class TranslatingUpstream:
 
     def server_restarts(self) -> int | None:
         return None
+
+    async def servers(self) -> list[dict[str, Any]]:
+        return []
 
     async def close(self) -> None:
         return None

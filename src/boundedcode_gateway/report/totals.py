@@ -11,10 +11,10 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from boundedcode_gateway.policy.cache_misses import NOT_A_MISS
 from boundedcode_gateway.report.rows import CallRow
 
-# a miss cause that is not a miss: served from cache within the tolerance
-NOT_A_MISS = "none"
+__all__ = ["NOT_A_MISS", "TaskTotals", "misses_by_cause", "task_totals"]
 
 
 @dataclass(frozen=True, slots=True)

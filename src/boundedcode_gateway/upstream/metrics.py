@@ -25,6 +25,8 @@ class CallMetrics:
     completion_tokens: int | None = None
     reasoning_tokens: int | None = None
     evaluated_tokens: int | None = None
+    # how much of the prompt the server has read so far (llama.cpp's prompt progress)
+    prompt_processed: int | None = None
     prefill_ms: float | None = None
     decode_ms: float | None = None
     finish_reason: str | None = None

@@ -18,7 +18,7 @@ import orjson
 from boundedcode_gateway.config import GatewayConfig, ModelProfile, ServerSettings
 from boundedcode_gateway.errors import GatewayError, MissingApiKey
 from boundedcode_gateway.llama_server.cache_keeper import CacheServer
-from boundedcode_gateway.llama_server.flags import ServerCommand, server_command
+from boundedcode_gateway.llama_server.flags import LOOPBACK, ServerCommand, server_command
 from boundedcode_gateway.llama_server.launcher import ManagedLlamaServer
 from boundedcode_gateway.llama_server.locate import (
     find_llama_server,
@@ -336,6 +336,40 @@ class OpenAICompatUpstream:
     def server_restarts(self) -> int | None:
         return self.managed.restarts if self.managed is not None else None
 
+    async def servers(self) -> list[dict[str, Any]]:
+        """A local profile's one server: its state (and, when managed, its process) and a
+        summary of its ``/slots``; none for a cloud API."""
+        if self.provider != "local":
+            return []
+        if self.managed is not None:
+            status = self.managed.status()
+            server: dict[str, Any] = {"managed": True, **dataclasses.asdict(status)}
+            root = f"http://{LOOPBACK}:{status.port}" if status.state == "ready" else None
+        else:
+            root = self._server_root()
+            down = await self._probe.check() if self._probe is not None else None
+            server = {"managed": False, "url": root, "state": "down" if down else "ready"}
+            if down:
+                server["reason"] = down
+                root = None
+        server["slots"] = await self._slots_summary(root) if root is not None else None
+        return [server]
+
+    async def _slots_summary(self, root: str) -> dict[str, Any] | None:
+        """How many slots, how many busy, each one's context and cached tokens (None where
+        the server has no ``/slots``); never a slot's prompt or text."""
+        try:
+            resp = await self._http.send(
+                "GET", root + "/slots", self._auth_headers(), resend_safe=True
+            )
+            raw = await read_body(resp)
+            slots = orjson.loads(raw) if resp.status == 200 else None
+        except (GatewayError, orjson.JSONDecodeError):
+            return None
+        if not isinstance(slots, list):
+            return None
+        return slots_summary(slots)
+
     async def close(self) -> None:
         if self.managed is not None:
             await self.managed.stop()
@@ -356,6 +390,21 @@ def _managed_server(
 
     log_path = config.data_path / "llama-server" / f"{name}.log"
     return ManagedLlamaServer(name, command_for_port, log_path, settings.startup_timeout_s, http)
+
+
+def slots_summary(slots: list[Any]) -> dict[str, Any]:
+    """llama-server's ``/slots`` as counts: no prompt, no generated text."""
+    shown = [
+        {
+            "id": slot.get("id"),
+            "busy": slot.get("is_processing") is True,
+            "n_ctx": slot.get("n_ctx"),
+            "cached_tokens": slot.get("n_prompt_tokens"),
+        }
+        for slot in slots
+        if isinstance(slot, dict)
+    ]
+    return {"total": len(shown), "busy": sum(s["busy"] for s in shown), "slots": shown}
 
 
 def _needs_budget_message(body: dict[str, Any]) -> bool:

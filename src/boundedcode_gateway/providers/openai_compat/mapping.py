@@ -154,6 +154,9 @@ def read_progress(progress: dict[str, Any], metrics: CallMetrics) -> None:
     metrics.prompt_tokens = total
     metrics.cached_tokens = cache
     metrics.evaluated_tokens = total - cache
+    processed = count_or_none(progress.get("processed"))
+    if processed is not None:
+        metrics.prompt_processed = processed
 
 
 def read_answer_metrics(obj: dict[str, Any], metrics: CallMetrics) -> None:

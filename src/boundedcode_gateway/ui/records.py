@@ -1,0 +1,60 @@
+"""One call's whole record for the page: the ledger keeps each call's outcome, the call
+log its detail too (attempts, adjustments, where a prompt stopped matching).
+
+The newest records are kept in memory as they are submitted; an older one is looked
+for in the call log, its rotated files included, off the event loop.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from boundedcode_gateway.metering.calllog import log_files
+from boundedcode_gateway.metering.records import CallRecord
+
+# records kept whole in memory for the page's detail view
+RECENT_RECORDS = 2000
+
+
+class RecentRecords:
+    """The last ``limit`` submitted records by call id (a writer observer)."""
+
+    def __init__(self, limit: int = RECENT_RECORDS) -> None:
+        self._limit = limit
+        self._records: OrderedDict[str, CallRecord] = OrderedDict()
+
+    def remember(self, record: CallRecord) -> None:
+        records = self._records
+        records[record.call_id] = record
+        if len(records) > self._limit:
+            records.popitem(last=False)
+
+    def get(self, call_id: str) -> dict[str, Any] | None:
+        record = self._records.get(call_id)
+        return record.to_dict() if record is not None else None
+
+
+def logged_record(calls_path: Path, call_id: str) -> dict[str, Any] | None:
+    """The call log's line for ``call_id``, newest file first (blocking: run it in a
+    thread). Only lines that hold the id are parsed."""
+    needle = orjson.dumps(call_id)
+    for file in reversed(log_files(calls_path)):
+        try:
+            f = file.open("rb")
+        except FileNotFoundError:
+            continue
+        with f:
+            for line in f:
+                if needle not in line:
+                    continue
+                try:
+                    value = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(value, dict) and value.get("call_id") == call_id:
+                    return value
+    return None
