@@ -24,10 +24,11 @@ from boundedcode_gateway.access.sites import is_loopback
 from boundedcode_gateway.errors import Forbidden, GatewayError
 from boundedcode_gateway.ingress.render import Receive, Send, send_body, send_json
 from boundedcode_gateway.metering.ledger import Ledger
+from boundedcode_gateway.metering.records import CALL_LOG_ONLY
 from boundedcode_gateway.service import GatewayService
 from boundedcode_gateway.ui.events import CallEvents, Viewer
 from boundedcode_gateway.ui.queries import call_filter, page_cursor, task_search
-from boundedcode_gateway.ui.records import RecentRecords, logged_record
+from boundedcode_gateway.ui.records import RecentRecords, logged_records
 
 log = logging.getLogger(__name__)
 
@@ -151,16 +152,37 @@ class UiRoutes:
         await send_json(send, 200, orjson.dumps(out), _PAGE_HEADERS[1:])
 
     async def _calls(self, query: bytes) -> dict[str, Any]:
+        """A page of the ledger's calls; one task's (its timeline) with the call log's
+        detail too: where each prompt stopped matching, the attempts, the adjustments."""
         f = call_filter(query)
         found = await self._read(lambda ledger: ledger.calls(f))
         rows, cursor = found if found is not None else ([], None)
+        if f.task is not None and rows:
+            await self._add_detail(rows)
         return {"calls": rows, "next": page_cursor(cursor), "metering": self._metering}
+
+    async def _add_detail(self, rows: list[dict[str, Any]]) -> None:
+        missing: list[str] = []
+        for row in rows:
+            detail = self._records.detail(row["call_id"])
+            if detail is None:
+                missing.append(row["call_id"])
+            else:
+                row.update(detail)
+        if not missing:
+            return
+        logged = await asyncio.to_thread(logged_records, self._calls_path, missing)
+        for row in rows:
+            line = logged.get(row["call_id"])
+            if line is not None:
+                row.update({name: line.get(name) for name in CALL_LOG_ONLY})
 
     async def _call(self, call_id: str) -> dict[str, Any]:
         """The whole record: kept in memory, else the call log's, else the ledger's row."""
         record = self._records.get(call_id)
         if record is None:
-            record = await asyncio.to_thread(logged_record, self._calls_path, call_id)
+            logged = await asyncio.to_thread(logged_records, self._calls_path, [call_id])
+            record = logged.get(call_id)
         if record is None:
             record = await self._read(lambda ledger: ledger.call(call_id))
         if record is None:
