@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -29,6 +30,8 @@ from boundedcode_gateway.provider_kinds import KINDS, ProviderKind, kinds_that
 
 ReasoningHistory = Literal["auto", "keep", "drop"]
 ThinkingMode = Literal["enabled", "adaptive", "off"]
+# how a call picks one of a profile's several servers (docs/scaling.md)
+Routing = Literal["affinity", "least_busy", "round_robin"]
 # the name the embedded default configuration goes by in messages
 EMBEDDED_DEFAULT = "<embedded default>"
 # the call log's file name inside the data directory
@@ -72,6 +75,39 @@ class ServerSettings(_Strict):
         if isinstance(data, dict) and isinstance(data.get("extra_args"), list):
             data = {**data, "extra_args": tuple(data["extra_args"])}
         return data
+
+
+def _check_server_keys(
+    external_url: str | None, model_path: str | None, server: ServerSettings | None
+) -> None:
+    """``server:`` flags need a server the gateway runs; ``cache_repair`` applies to any."""
+    if server is not None and not model_path:
+        flags = server.model_fields_set - {"cache_repair"}
+        if flags:
+            raise ValueError(
+                "'server' settings other than 'cache_repair' apply only to a managed "
+                f"server ('model_path'), not: {', '.join(sorted(flags))}"
+            )
+
+
+class PoolServer(_Strict):
+    """One server of a local profile: a running one (``external_url``) or one the gateway
+    runs (``model_path``, with the same ``server:`` keys as a profile). An entry under
+    ``servers:``, and the normal form ``ModelProfile.pool_servers`` gives every profile."""
+
+    external_url: str | None = None
+    model_path: str | None = None
+    server: ServerSettings | None = None
+
+    @model_validator(mode="after")
+    def _check_one_server(self) -> PoolServer:
+        if bool(self.external_url) == bool(self.model_path):
+            raise ValueError(
+                "each server needs exactly one of 'external_url' (a running server) "
+                "or 'model_path' (a GGUF file the gateway serves with llama-server)"
+            )
+        _check_server_keys(self.external_url, self.model_path, self.server)
+        return self
 
 
 class RetrySettings(_Strict):
@@ -254,6 +290,14 @@ class ModelProfile(_Strict):
     external_url: str | None = None
     model_path: str | None = None
     server: ServerSettings | None = None
+    # several servers of the model instead of one (docs/scaling.md)
+    servers: tuple[PoolServer, ...] | None = None
+    # as many servers of ``model_path``, each with ``server:``...
+    replicas: int | None = Field(default=None, ge=1)
+    # ...and, for replica i, the flags of entry i after ``server.extra_args``
+    replica_extra_args: tuple[tuple[str, ...], ...] | None = None
+    # unset: affinity (only for a profile of several servers)
+    routing: Routing | None = None
     base_url: str | None = None
     api_key_env: str | None = None
     reasoning_history: ReasoningHistory | None = None
@@ -262,6 +306,99 @@ class ModelProfile(_Strict):
     # the answer's token limit when the caller sets none (Anthropic requires one)
     max_tokens: int | None = Field(default=None, ge=1)
     price: PriceSettings | None = None
+
+    # The pool keys are checked one by one, each against the keys declared before it, so
+    # a message points at the key's own line; keys of a profile that is not ``local`` are
+    # left to ``_check_provider_keys``, which names the provider.
+
+    @field_validator("servers", mode="before")
+    @classmethod
+    def _check_servers(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return value
+        if not isinstance(value, list):
+            raise ValueError(
+                "'servers' is a list of servers, each with 'external_url' or 'model_path'"
+            )
+        if not value:
+            raise ValueError("'servers' lists one or more servers")
+        if _is_local(info):
+            single = [k for k in ("external_url", "model_path") if info.data.get(k)]
+            if single:
+                raise ValueError(
+                    f"'servers' lists every server of the profile: make '{single[0]}' one "
+                    "of its entries, or remove 'servers'"
+                )
+            if info.data.get("server") is not None:
+                raise ValueError(
+                    "with 'servers', give the 'server' settings in each entry that needs "
+                    "them, not in the profile"
+                )
+        return tuple(value)  # strict mode wants the declared tuple
+
+    @field_validator("servers")
+    @classmethod
+    def _check_distinct_urls(
+        cls, value: tuple[PoolServer, ...] | None
+    ) -> tuple[PoolServer, ...] | None:
+        seen: dict[str, int] = {}
+        for i, entry in enumerate(value or ()):
+            if not entry.external_url:
+                continue
+            url = entry.external_url.rstrip("/")
+            if url in seen:
+                raise ValueError(
+                    f"entries {seen[url]} and {i} are the same server ({entry.external_url})"
+                )
+            seen[url] = i
+        return value
+
+    @field_validator("replicas")
+    @classmethod
+    def _check_replicas(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and _is_local(info) and not info.data.get("model_path"):
+            raise ValueError(
+                "'replicas' goes with 'model_path' (that many servers of it, run by the "
+                "gateway); servers you run are listed under 'servers'"
+            )
+        return value
+
+    @field_validator("replica_extra_args", mode="before")
+    @classmethod
+    def _check_replica_extra_args(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return value
+        if not isinstance(value, list) or not all(isinstance(a, list) for a in value):
+            raise ValueError(
+                "give one list of flags per replica, e.g. [[--device, CUDA0], [--device, CUDA1]]"
+            )
+        # absent: 'replicas' itself was refused, and that is the message
+        if _is_local(info) and "replicas" in info.data:
+            replicas = info.data["replicas"]
+            if replicas is None:
+                raise ValueError(
+                    "'replica_extra_args' needs 'replicas': one list of flags per replica"
+                )
+            if len(value) != replicas:
+                raise ValueError(
+                    f"{len(value)} list(s) of flags for {replicas} replica(s); give one per "
+                    "replica ([] for none)"
+                )
+        return tuple(tuple(a) for a in value)
+
+    @field_validator("routing")
+    @classmethod
+    def _check_routing(cls, value: Routing | None, info: ValidationInfo) -> Routing | None:
+        if value is None or not _is_local(info):
+            return value
+        servers = info.data.get("servers")
+        count = len(servers) if servers is not None else info.data.get("replicas") or 1
+        if count < 2:
+            raise ValueError(
+                "'routing' chooses among several servers and this profile has one; "
+                "give it 'servers' or 'replicas' (2 or more), or remove 'routing'"
+            )
+        return value
 
     @field_validator("api_key_env")
     @classmethod
@@ -284,9 +421,9 @@ class ModelProfile(_Strict):
             )
         if rules.local:
             self._check_local()
-        elif self.external_url or self.model_path or self.server:
+        elif set_keys := [k for k in _LOCAL_KEYS if getattr(self, k) is not None]:
             raise ValueError(
-                f"'external_url', 'model_path' and 'server' are only for provider "
+                f"{_quoted(set_keys)} {'are' if len(set_keys) > 1 else 'is'} only for provider "
                 f"{_quoted(kinds_that('local'))}, not {self.provider!r}"
             )
         if rules.needs_base_url and not self.base_url:
@@ -296,20 +433,44 @@ class ModelProfile(_Strict):
         return self
 
     def _check_local(self) -> None:
-        if bool(self.external_url) == bool(self.model_path):
+        given = [bool(self.external_url), bool(self.model_path), self.servers is not None]
+        if sum(given) != 1:
             raise ValueError(
-                "provider 'local' needs exactly one of 'external_url' (a running server) "
-                "or 'model_path' (a GGUF file the gateway serves with llama-server)"
+                "provider 'local' needs exactly one of 'external_url' (a running server), "
+                "'model_path' (a GGUF file the gateway serves with llama-server) or "
+                "'servers' (several servers of the model)"
             )
         if self.base_url:
             raise ValueError("'base_url' is not used by provider 'local'; use 'external_url'")
-        if self.server is not None and not self.model_path:
-            flags = self.server.model_fields_set - {"cache_repair"}
-            if flags:
-                raise ValueError(
-                    "'server' settings other than 'cache_repair' apply only to a managed "
-                    f"server ('model_path'), not: {', '.join(sorted(flags))}"
-                )
+        _check_server_keys(self.external_url, self.model_path, self.server)
+
+    def pool_servers(self) -> tuple[PoolServer, ...]:
+        """The profile's servers in one form, whichever keys name them: one for
+        ``external_url`` or ``model_path``, ``replicas`` of ``model_path`` (each with its
+        ``replica_extra_args`` after ``server.extra_args``), or the ``servers`` entries.
+        Empty for a provider other than ``local``."""
+        if self.servers is not None:
+            return self.servers
+        if self.external_url:
+            return (PoolServer(external_url=self.external_url, server=self.server),)
+        if not self.model_path:
+            return ()
+        if self.replicas is None:
+            return (PoolServer(model_path=self.model_path, server=self.server),)
+        settings = self.server or ServerSettings()
+        extra = self.replica_extra_args or ((),) * self.replicas
+        return tuple(
+            PoolServer(
+                model_path=self.model_path,
+                server=settings.model_copy(update={"extra_args": (*settings.extra_args, *args)}),
+            )
+            for args in extra
+        )
+
+    @property
+    def routing_policy(self) -> Routing:
+        """How a call picks one of the profile's servers (affinity unless set)."""
+        return self.routing or "affinity"
 
     @property
     def upstream_base_url(self) -> str:
@@ -351,6 +512,18 @@ class ModelProfile(_Strict):
         key, as the environment holds it, usable or not)."""
         key = self._key_in_environment()
         return (key,) if key else ()
+
+
+# the keys only a ``local`` profile may set
+_LOCAL_KEYS = (
+    "external_url",
+    "model_path",
+    "server",
+    "servers",
+    "replicas",
+    "replica_extra_args",
+    "routing",
+)
 
 
 class UpstreamLimitsSettings(_Strict):
@@ -448,6 +621,12 @@ class GatewayConfig(_Strict):
 def calls_path_in(data_dir: str | Path) -> Path:
     """The call log inside a data directory (``<data_dir>/calls.jsonl``)."""
     return Path(data_dir) / CALLS_FILE
+
+
+def _is_local(info: ValidationInfo) -> bool:
+    """Whether the profile being checked names a local provider (so far as it is known)."""
+    provider = info.data.get("provider")
+    return isinstance(provider, str) and KINDS[provider].local
 
 
 def _is_ip_address(text: str) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.config import GatewayConfig, ModelProfile, ServerSettings
-from boundedcode_gateway.errors import GatewayError, MissingApiKey
+from boundedcode_gateway.errors import ConfigError, GatewayError, MissingApiKey
 from boundedcode_gateway.llama_server.cache_keeper import CacheServer
 from boundedcode_gateway.llama_server.flags import LOOPBACK, ServerCommand, server_command
 from boundedcode_gateway.llama_server.launcher import ManagedLlamaServer
@@ -109,6 +109,7 @@ class OpenAICompatUpstream:
         self._budget_message: str | None = None
         self._caps: Capabilities | None = None
         self._caps_lock = asyncio.Lock()
+        _refuse_pool(name, profile)
         self.managed = _managed_server(name, profile, config, http)
         # a local server the gateway does not run: is it answering (for readiness)
         self._probe = (
@@ -373,6 +374,15 @@ class OpenAICompatUpstream:
     async def close(self) -> None:
         if self.managed is not None:
             await self.managed.stop()
+
+
+def _refuse_pool(name: str, profile: ModelProfile) -> None:
+    """A profile of several servers loads, but calls are not routed over them yet."""
+    if profile.servers is not None or profile.replicas is not None:
+        raise ConfigError(
+            f"models.{name}: 'servers' and 'replicas' are not served yet; give the profile "
+            "one 'external_url' or 'model_path' (docs/scaling.md)"
+        )
 
 
 def _managed_server(
