@@ -59,7 +59,7 @@ def test_a_long_stream_shows_its_progress_then_lands_in_calls(
     # finished: out of the calls in flight, into "just finished", and into the Calls table
     # (opened before the call ends, so the row comes from the event stream)
     page.click("a[data-view-link='calls']")
-    page.wait_for_selector("#calls-table")
+    page.wait_for_selector("#calls-empty", state="visible")  # nothing recorded yet
     assert page.locator(f"#calls-table tr[data-call-id='{call_id}']").count() == 0
     stream.join()
     row = page.wait_for_selector(f"#calls-table tr[data-call-id='{call_id}']")

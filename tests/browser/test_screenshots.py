@@ -51,9 +51,10 @@ def test_a_screenshot_of_each_view(
     written: list[Path] = []
     for viewport, prefix in ((WIDE, ""), (NARROW, "narrow-")):
         for name, (view, drawn) in VIEWS.items():
-            stream = SlowStream(gw, upstreams.llama, delay_ms=40) if name == "live" else None
             watched = open_page(gw.url, view, viewport=viewport)
             page = watched.page
+            # a call in flight on Live, begun once the page listens
+            stream = SlowStream(gw, upstreams.llama, delay_ms=40) if name == "live" else None
             page.wait_for_selector(drawn)
             if name == "live":
                 page.wait_for_selector("#in-flight .card .bar[data-progress]")
