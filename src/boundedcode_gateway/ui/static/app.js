@@ -299,6 +299,7 @@
         this.finished.length = Math.min(this.finished.length, FINISHED_KEPT);
         this.renderFinished();
       } else {
+        // how one call goes: only its card is drawn again
         const entry = this.calls.get(data.call_id);
         if (!entry) return;
         const call = entry.call;
@@ -308,6 +309,8 @@
           call.chunks = data.chunks;
           call.at_ms = data.at_ms;
         }
+        if (entry.node) this.update(entry);
+        return;
       }
       this.renderInFlight();
     },
