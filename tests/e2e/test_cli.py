@@ -122,6 +122,25 @@ def test_stop_signal_lets_in_flight_calls_finish_and_be_recorded(
     assert all(c["status"] == "ok" or c["error_code"] == "abandoned" for c in repairs)
 
 
+def test_an_open_page_of_calls_does_not_hold_the_stop(tmp_path: Path) -> None:
+    """The page's event stream never ends by itself; a stop ends it instead of waiting
+    out the calls' grace period (30 s) for it."""
+    fake = FakeLlamaServer()
+    with serve_in_thread(fake.app) as upstream:
+        port = free_port()
+        proc = start_serve(write_config(tmp_path, upstream.url), port)
+        with httpx.stream("GET", f"http://127.0.0.1:{port}/ui/api/events", timeout=10) as events:
+            lines = events.iter_lines()
+            assert next(lines) == "event: in_flight"
+            proc.send_signal(signal.SIGTERM)
+            started = time.monotonic()
+            rest = list(lines)  # until the gateway ends the stream
+        output = proc.communicate(timeout=30)[0].decode()
+    assert time.monotonic() - started < 10, output
+    assert proc.returncode == 0, output
+    assert rest == ['data: {"calls":[]}', ""]
+
+
 def test_calls_command_prints_the_table(tmp_path: Path) -> None:
     fake = FakeLlamaServer()
     with serve_in_thread(fake.app) as upstream:

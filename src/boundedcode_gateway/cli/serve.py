@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Iterator
 
@@ -41,6 +42,12 @@ class _GatewayServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: GatewayApp) -> None:
         super().__init__(config)
         self.app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # the page of calls' event streams never end on their own: ended first, they do not
+        # hold the calls' grace period open
+        self.app.events.close_viewers()
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

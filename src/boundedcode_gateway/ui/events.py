@@ -153,6 +153,12 @@ class CallEvents:
         self._viewers.append(viewer)
         return viewer
 
+    def close_viewers(self) -> None:
+        """End every viewer's stream: the gateway is stopping, and an open page would
+        otherwise hold its shutdown until the grace period ran out."""
+        for viewer in self._viewers:
+            viewer.close()
+
     def leave(self, viewer: Viewer) -> None:
         if viewer in self._viewers:
             self._viewers.remove(viewer)

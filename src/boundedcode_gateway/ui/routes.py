@@ -216,7 +216,10 @@ class UiRoutes:
         viewer = self._events.join()
         if viewer is None:
             raise GatewayError(
-                "too many viewers of the page of calls; close one", code="too_many_viewers"
+                "too many viewers of the page of calls; close one",
+                code="too_many_viewers",
+                status=429,
+                error_type="rate_limit_error",
             )
         gone = asyncio.ensure_future(_until_disconnect(receive))
         gone.add_done_callback(lambda _: viewer.close())
