@@ -1,7 +1,8 @@
 """What a viewer of the page of calls costs the calls: 200 concurrent streamed calls
 through the gateway with no viewer, with a viewer that reads its event stream, and with
 one that never reads it (a connection that sent its request and then stalls, its receive
-buffer small, as a frozen browser tab's would be).
+buffer small, as a frozen browser tab's would be). The reading viewer is a process of its
+own (``bench/ui_fanout/viewer.py``), so its reading takes no time of the load generator's.
 
 The gateway and the fake upstream of the overhead benchmark run as processes on
 loopback; the modes take turns within each round so that drift of the machine falls on
@@ -64,20 +65,6 @@ def _check(t: Timing) -> str | None:
     return None
 
 
-async def _read_events(port: int, stop: asyncio.Event) -> int:
-    """A viewer that reads everything; the bytes it was sent."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET /ui/api/events HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
-    seen = 0
-    try:
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                seen += len(await asyncio.wait_for(reader.read(65536), 0.2))
-    finally:
-        writer.close()
-    return seen
-
-
 @contextlib.contextmanager
 def _stalled_viewer(port: int) -> Iterator[None]:
     sock = socket.socket()
@@ -90,7 +77,9 @@ def _stalled_viewer(port: int) -> Iterator[None]:
         sock.close()
 
 
-async def _round(port: int, mode: str, args: argparse.Namespace, body: bytes) -> LoadResult:
+async def _round(
+    port: int, mode: str, args: argparse.Namespace, body: bytes, work: Path
+) -> LoadResult:
     request = (
         f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
         f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
@@ -107,14 +96,13 @@ async def _round(port: int, mode: str, args: argparse.Namespace, body: bytes) ->
         with _stalled_viewer(port):
             await asyncio.sleep(0.2)
             return await load()
-    stop = asyncio.Event()
-    reading = asyncio.ensure_future(_read_events(port, stop))
-    await asyncio.sleep(0.2)
+    argv = [sys.executable, "-m", "bench.ui_fanout.viewer", "--port", str(port)]
+    viewer = procs.start("viewer", argv, None, work)
     try:
+        await asyncio.sleep(0.5)
         return await load()
     finally:
-        stop.set()
-        await reading
+        procs.stop(viewer)
 
 
 def _dropped(port: int) -> float:
@@ -168,7 +156,7 @@ async def _run(args: argparse.Namespace) -> int:
             for rnd in range(args.rounds):
                 order = MODES[rnd % 3 :] + MODES[: rnd % 3]
                 for mode in order:
-                    results[mode].append(await _round(port, mode, args, body))
+                    results[mode].append(await _round(port, mode, args, body, work))
                     print(f"round {rnd + 1} {mode}: done", file=sys.stderr)
             print(
                 f"{args.concurrency} concurrent streamed calls, {args.requests} per mode and "

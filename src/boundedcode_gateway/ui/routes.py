@@ -38,6 +38,9 @@ UI_PREFIX = "/ui"
 API_PREFIX = "/ui/api/"
 # a comment on an idle event stream this often, so proxies and browsers keep it open
 KEEP_ALIVE_S = 15.0
+# a viewer's events are sent at most this often, the ones of the interval in one write:
+# a busy gateway's events cost one send per viewer per interval, not one per event
+SEND_EVERY_S = 0.05
 _CONTENT_TYPES = {
     ".html": b"text/html; charset=utf-8",
     ".js": b"text/javascript; charset=utf-8",
@@ -238,6 +241,8 @@ class UiRoutes:
     @staticmethod
     async def _send_events(send: Send, viewer: Viewer) -> None:
         if await viewer.wait(KEEP_ALIVE_S):
+            if not viewer.closed:
+                await asyncio.sleep(SEND_EVERY_S)
             body = b"".join(viewer.take())
             if not body:
                 return  # closed
