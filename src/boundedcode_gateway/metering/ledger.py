@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from importlib.resources import files
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from boundedcode_gateway.clock import utc_now_iso
 from boundedcode_gateway.metering.records import LEDGER_FIELDS, CallRecord, Rejected
@@ -109,9 +109,10 @@ class Migration:
         return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
-def load_migrations() -> list[Migration]:
-    """All packaged migrations in numeric order; two files with one number is an error."""
-    folder = files(MIGRATIONS_PACKAGE).joinpath(MIGRATIONS_DIR)
+def load_migrations(directory: str = MIGRATIONS_DIR) -> list[Migration]:
+    """All packaged migrations of one folder (SQLite's by default) in numeric order; two
+    files with one number is an error."""
+    folder = files(MIGRATIONS_PACKAGE).joinpath(directory)
     found: dict[int, Migration] = {}
     for entry in folder.iterdir():
         match = _MIGRATION_NAME.match(entry.name)
@@ -126,6 +127,10 @@ def load_migrations() -> list[Migration]:
 
 class Ledger:
     """The ``model_calls`` table in one SQLite file."""
+
+    # a failure of the file is not waited out: the writer logs it and goes on (the call log
+    # still holds every record)
+    reconnects: ClassVar[bool] = False
 
     def __init__(self, path: Path) -> None:
         self.path = path
