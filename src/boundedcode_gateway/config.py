@@ -418,11 +418,12 @@ class GatewayConfig(_Strict):
             data = {**data, "metering": {"enabled": data["metering"]}}
         return data
 
-    @model_validator(mode="after")
-    def _check_ledger(self) -> GatewayConfig:
-        if self.ledger is not None:
-            parse_ledger_url(self.ledger)
-        return self
+    @field_validator("ledger")
+    @classmethod
+    def _check_ledger(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_ledger_url(value)
+        return value
 
     @property
     def data_path(self) -> Path:

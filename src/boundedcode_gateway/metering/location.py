@@ -70,7 +70,7 @@ def parse_ledger_url(url: str) -> LedgerLocation:
     if url.startswith(SQLITE_PREFIX):
         path = url.removeprefix(SQLITE_PREFIX)
         if not path:
-            raise ValueError("ledger: sqlite:/// needs a file path after it")
+            raise ValueError("sqlite:/// needs a file path after it")
         return Path(path)
     scheme, sep, _ = url.partition("://")
     if sep and scheme.lower() in POSTGRES_SCHEMES:
@@ -79,10 +79,10 @@ def parse_ledger_url(url: str) -> LedgerLocation:
             parts.port  # noqa: B018 — a port that is not a number raises here
         except ValueError as exc:
             shown = PostgresLocation(url)
-            raise ValueError(f"ledger: {shown.scrub(str(exc))} in {shown.display}") from None
+            raise ValueError(f"{shown.scrub(str(exc))} in {shown.display}") from None
         return PostgresLocation(url)
     raise ValueError(
-        "ledger must be a sqlite:///PATH or a postgresql://user@host:port/db URL (postgres:// also)"
+        "must be a sqlite:///PATH or a postgresql://user@host:port/db URL (postgres:// also)"
     )
 
 
