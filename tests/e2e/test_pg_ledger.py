@@ -1,8 +1,10 @@
 """A gateway with ``ledger: postgresql://…``: every call it served is exactly one row, the
-same as its call-log line; a second gateway on the same ledger reads the budgets' spending
-back from it."""
+same as its call-log line, also across the database going away and coming back; a second
+gateway on the same ledger reads the budgets' spending back from it."""
 
 from __future__ import annotations
+
+import time
 
 import openai
 import pytest
@@ -11,7 +13,8 @@ from openai.types.chat import ChatCompletionMessageParam
 from boundedcode_gateway.metering.records import LEDGER_FIELDS
 from tests.e2e.conftest import GatewayFactory, Upstreams
 from tests.fakes.common import Reply
-from tests.postgres_db import PgDatabase
+from tests.fakes.tcp_proxy import TcpProxy
+from tests.postgres_db import SERVER_PORT, PgDatabase
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello."}]
 
@@ -60,3 +63,39 @@ def test_a_restarted_gateway_reads_the_spending_back_from_postgresql(
     book = second.app.budgets
     assert book is not None
     assert book.spent(("task", "budgeted"), "lifetime", "").tokens == spent_tokens > 0
+
+
+def test_calls_go_on_while_the_database_is_away_and_each_is_one_row_once_back(
+    pg: PgDatabase, upstreams: Upstreams, start_gateway: GatewayFactory
+) -> None:
+    proxy = TcpProxy(target_port=SERVER_PORT).start()
+    try:
+        # sync: each answer waits for its record, and still not for a database that is away
+        gateway = start_gateway(
+            upstreams.profiles, ledger=pg.url_at(proxy.port), metering={"sync": True}
+        )
+        upstreams.llama.queue(*(Reply(content=f"Hello {n}.") for n in range(6)))
+        client = gateway.client(task="outage")
+        client.chat.completions.create(model="local", messages=HELLO)
+        proxy.cut()
+        for _ in range(2):
+            started = time.monotonic()
+            client.chat.completions.create(model="local", messages=HELLO)
+            list(client.chat.completions.create(model="local", messages=HELLO, stream=True))
+            assert time.monotonic() - started < 10.0
+        writer = gateway.app.writer
+        assert writer.ledger_buffered == 4
+        assert len(gateway.calls()) == 5  # the call log is written throughout
+        proxy.restore()
+        deadline = time.monotonic() + 40.0
+        while writer.ledger_buffered:
+            assert time.monotonic() < deadline, "the kept records were not written"
+            time.sleep(0.05)
+        client.chat.completions.create(model="local", messages=HELLO)
+        logged = [c["call_id"] for c in gateway.calls()]
+        rows = [r["call_id"] for r in pg.fetch("SELECT call_id FROM model_calls ORDER BY seq")]
+        assert rows == logged  # each call once, in the order the call log has them
+        assert len(rows) == 6
+        assert writer.ledger_dropped == 0
+    finally:
+        proxy.stop()

@@ -6,6 +6,7 @@ of the test's own (tests/fakes/tcp_proxy.py): the real server is never stopped."
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -121,6 +122,26 @@ def scraped(metrics: GatewayMetrics) -> dict[str, float]:
             if sample.name == f"{PREFIX}_metering_ledger_dropped_records_total":
                 found["dropped"] = sample.value
     return found
+
+
+def test_a_kept_record_the_database_cannot_hold_is_set_aside_when_it_is_back(
+    pg: PgDatabase, proxy: TcpProxy, tmp_path: Path
+) -> None:
+    location = PostgresLocation(pg.url_at(proxy.port))
+    writer = MeterWriter(tmp_path / "calls.jsonl", location, sync=True)
+    writer.start()
+    try:
+        proxy.cut()
+        for record in (make_record(0), make_record(1, prompt_tokens=2**63), make_record(2)):
+            future = writer.submit(record)
+            assert future is not None
+            future.result(timeout=15)
+        proxy.restore()
+        wait_for(lambda: writer.ledger_buffered == 0, BACK_WITHIN_S, "the buffer to drain")
+    finally:
+        writer.close()
+    assert stored_ids(pg) == ["call-00000", "call-00002"]
+    assert (writer.set_aside, writer.ledger_dropped, writer.written) == (1, 0, 3)
 
 
 def test_a_writer_started_while_the_database_is_away_writes_once_it_is_back(
@@ -239,6 +260,20 @@ async def test_a_database_that_does_not_exist_stops_the_start(
         await app.shutdown()
 
 
+async def test_a_database_that_cannot_be_migrated_stops_the_start(
+    pg: PgDatabase, tmp_path: Path
+) -> None:
+    pg.execute("CREATE TABLE model_calls (something_else INTEGER)")
+    app = gateway(pg.url, tmp_path)
+    try:
+        with pytest.raises(RuntimeError, match=r"cannot open the ledger .*DuplicateTableError"):
+            await app.startup()
+    finally:
+        await app.shutdown()
+    # nothing of the failed migration stays: it was one transaction
+    assert pg.fetch("SELECT to_regclass('schema_migrations') AS t") == [{"t": None}]
+
+
 async def test_a_reachable_database_is_migrated_before_the_gateway_serves(
     pg: PgDatabase, tmp_path: Path
 ) -> None:
@@ -257,3 +292,26 @@ async def test_without_metering_the_database_is_not_asked(tmp_path: Path) -> Non
         await app.startup()
     finally:
         await app.shutdown()
+
+
+def test_the_proxy_cuts_every_connection_and_refuses_new_ones_until_restored(
+    proxy: TcpProxy,
+) -> None:
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as through:
+        # PostgreSQL answers an SSL request with one byte: the server is behind the proxy
+        through.sendall(b"\x00\x00\x00\x08\x04\xd2\x16\x2f")
+        assert through.recv(1) in (b"S", b"N")
+        proxy.cut()
+        try:
+            through.sendall(b"x" * 8)
+            ended = through.recv(1) == b""
+        except OSError:  # reset
+            ended = True
+        assert ended
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", proxy.port), timeout=5).close()
+    proxy.restore()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as again:
+        again.sendall(b"\x00\x00\x00\x08\x04\xd2\x16\x2f")
+        assert again.recv(1) in (b"S", b"N")
+    assert proxy.accepted == 2

@@ -83,15 +83,18 @@ SELECT_SPENDING_SQL = (
 )
 
 # What one row's values or constraints raise: a number out of BIGINT's range or a string
-# PostgreSQL cannot hold (a NUL, a lone surrogate), a call id already there. asyncpg
-# encodes a COPY's values itself (OverflowError, UnicodeEncodeError, TypeError) and an
-# INSERT's as query arguments (DataError).
+# PostgreSQL cannot hold (a NUL, a lone surrogate), a call id already there, a value too
+# large for an index. asyncpg encodes a COPY's values itself (OverflowError,
+# UnicodeEncodeError, TypeError) and an INSERT's as query arguments (DataError). Any other
+# failure is the database's own (gone, full, shutting down): the batch is kept and tried
+# again, never set aside.
 ROW_ERRORS: tuple[type[Exception], ...] = (
     OverflowError,
     ValueError,
     TypeError,
     asyncpg.DataError,
     asyncpg.IntegrityConstraintViolationError,
+    asyncpg.ProgramLimitExceededError,
 )
 # What a database that cannot be reached, or goes away, raises (for the readers' messages).
 DATABASE_ERRORS: tuple[type[Exception], ...] = (
