@@ -1,4 +1,5 @@
-"""Suite-wide guard: no test may open a connection beyond the loopback interface."""
+"""Suite-wide guard: no test may open a connection beyond the loopback interface; and the
+PostgreSQL fixture."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+# the `pg` fixture: a fresh PostgreSQL database per test
+pytest_plugins = ("tests.postgres_db",)
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex

@@ -28,6 +28,8 @@ from boundedcode_gateway.live_config import (
     route_changes,
 )
 from boundedcode_gateway.metering.calllog import read_tail
+from boundedcode_gateway.metering.ledgers import prepare_ledger
+from boundedcode_gateway.metering.location import describe, explain
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.operations.metrics import GatewayMetrics
 from boundedcode_gateway.policy.cache_misses import ContinuityTable
@@ -88,11 +90,12 @@ class GatewayApp:
         )
         self.writer = MeterWriter(
             config.calls_path,
-            config.ledger_path,
+            config.ledger_location,
             enabled=config.metering.enabled,
             sync=config.metering.sync,
             rotate_bytes=config.retention.call_log_bytes,
             rotated_files=config.retention.call_log_files,
+            ledger_buffer_records=config.metering.ledger_buffer_records,
         )
         retention = config.retention
         memory = (retention.tasks_in_memory, retention.task_idle_s)
@@ -105,7 +108,7 @@ class GatewayApp:
         self.budgets = BudgetBook(config.budgets.task) if budgets_configured(config) else None
         # what the budgets spent before this process: the ledger, unless nothing is written
         self.spend_store: SpendStore | None = (
-            LedgerSpendStore(config.ledger_path) if config.metering.enabled else None
+            LedgerSpendStore(config.ledger_location) if config.metering.enabled else None
         )
         # what the page of calls is told as calls go, and the records it shows whole
         self.events = CallEvents()
@@ -135,7 +138,7 @@ class GatewayApp:
             self.events,
             records,
             config.calls_path,
-            config.ledger_path if config.metering.enabled else None,
+            config.ledger_location if config.metering.enabled else None,
             listen_host,
         )
         self.router = Router(self.service, self.metrics, self.body_parser, ui)
@@ -156,16 +159,33 @@ class GatewayApp:
         return self.service.upstreams
 
     async def startup(self) -> None:
-        """Start the meter writer and learn each model's capabilities (failures are not fatal)."""
+        """Check the ledger can be written (a database server's), start the meter writer and
+        learn each model's capabilities (failures to learn them are not fatal)."""
         if self._started:
             return
         self._started = True
         self._loop = asyncio.get_running_loop()
+        await self._prepare_ledger()
         await self._restore_budgets()
         self.writer.start()
         if self.sweeper is not None:
             self._sweeping = asyncio.create_task(self.sweeper.run())
         await _start(self.service.live.routes.values())
+
+    async def _prepare_ledger(self) -> None:
+        """A PostgreSQL ledger that cannot be reached or migrated stops start-up: the gateway
+        does not serve calls it could not record. (Once serving, the writer waits out an
+        outage: metering/writer.py.)"""
+        if not self.config.metering.enabled:
+            return
+        location = self.config.ledger_location
+        try:
+            await prepare_ledger(location)
+        except Exception as exc:
+            # from None: the cause's own text may quote the URL, password and all
+            raise RuntimeError(
+                f"cannot open the ledger {describe(location)}: {explain(location, exc)}"
+            ) from None
 
     async def _restore_budgets(self) -> None:
         """Read what each caller and task spent before this process, once, off the loop.
@@ -177,10 +197,11 @@ class GatewayApp:
         try:
             spent = await asyncio.to_thread(self.spend_store.spent, self.budgets.today())
         except Exception as exc:
+            location = self.config.ledger_location
             raise RuntimeError(
-                f"cannot read the budgets' spending from the ledger {self.config.ledger_path}: "
-                f"{exc}"
-            ) from exc
+                f"cannot read the budgets' spending from the ledger {describe(location)}: "
+                f"{explain(location, exc)}"
+            ) from None
         self.budgets.restore(spent)
         log.info("budgets: spending of %d callers and tasks read from the ledger", len(spent))
 

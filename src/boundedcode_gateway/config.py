@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from boundedcode_gateway.errors import ConfigError, InvalidApiKeyConfig
+from boundedcode_gateway.metering.location import LedgerLocation, parse_ledger_url
 from boundedcode_gateway.provider_kinds import KINDS, ProviderKind, kinds_that
 
 ReasoningHistory = Literal["auto", "keep", "drop"]
@@ -280,6 +281,9 @@ class MeteringSettings(_Strict):
     enabled: bool = True
     # true: a call's record is written before the caller sees its answer end
     sync: bool = False
+    # records kept in memory for a PostgreSQL ledger that went away, written once it is
+    # back; past this many the oldest are dropped (and counted)
+    ledger_buffer_records: int = Field(default=100_000, ge=1)
 
 
 class ModelProfile(_Strict):
@@ -589,22 +593,32 @@ class GatewayConfig(_Strict):
             data = {**data, "metering": {"enabled": data["metering"]}}
         return data
 
-    @model_validator(mode="after")
-    def _check_ledger(self) -> GatewayConfig:
-        if self.ledger is not None and not self.ledger.startswith("sqlite:///"):
-            raise ValueError("ledger must be a sqlite:/// URL (postgresql:// is not supported yet)")
-        return self
+    @field_validator("ledger")
+    @classmethod
+    def _check_ledger(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_ledger_url(value)
+        return value
 
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir)
 
     @property
-    def ledger_path(self) -> Path:
-        """The SQLite file of the ledger (default ``<data_dir>/ledger.db``)."""
+    def ledger_location(self) -> LedgerLocation:
+        """Where the ledger lives: an SQLite file (default ``<data_dir>/ledger.db``) or a
+        PostgreSQL database."""
         if self.ledger is None:
             return self.data_path / "ledger.db"
-        return Path(self.ledger.removeprefix("sqlite:///"))
+        return parse_ledger_url(self.ledger)
+
+    @property
+    def ledger_path(self) -> Path:
+        """The SQLite file of the ledger; an error for a PostgreSQL ledger."""
+        location = self.ledger_location
+        if not isinstance(location, Path):
+            raise ValueError(f"the ledger {location} is not an SQLite file")
+        return location
 
     @property
     def calls_path(self) -> Path:

@@ -33,6 +33,17 @@ AUTH = {
 }
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def gateway(
+    request: pytest.FixtureRequest, upstreams: Upstreams, start_gateway: GatewayFactory
+) -> Gateway:
+    """The suite's gateway, its ledger in SQLite or in PostgreSQL (the page asks either)."""
+    if request.param == "sqlite":
+        return start_gateway(upstreams.profiles)
+    pg = request.getfixturevalue("pg")
+    return start_gateway(upstreams.profiles, ledger=pg.url)
+
+
 @pytest.fixture
 def http(gateway: Gateway) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=gateway.url, timeout=10) as client:
@@ -154,7 +165,7 @@ def test_tasks_sum_their_calls_and_count_misses_by_cause(
     assert call(http, "agent", messages=rewritten).status_code == 200
     upstreams.llama.queue(Reply(status=400))
     call(http, "agent", messages=rewritten)
-    rows = gateway.ledger_rows()
+    rows = gateway.calls()
 
     (task,) = get(http, "/ui/api/tasks")["tasks"]
     assert task["task"] == "agent" and task["calls"] == 5 and task["errors"] == 1

@@ -199,6 +199,9 @@ def test_states_are_read_when_scraped(
     assert value(found, P + "requests_in_flight", model="local") == 1
     assert value(found, P + "metering_queue_depth") == 0
     assert value(found, P + "metering_written_records_total") == 2
+    # an SQLite ledger keeps nothing back (tests/postgres/test_pg_outage.py: one that does)
+    assert value(found, P + "metering_ledger_buffered_records") == 0
+    assert value(found, P + "metering_ledger_dropped_records_total") == 0
 
 
 def test_two_gateways_in_one_process_count_apart(table: Table, writer: MeterWriter) -> None:

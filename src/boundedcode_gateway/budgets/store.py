@@ -1,17 +1,17 @@
 """Where the budget book's spending is read back from at start-up.
 
-A small interface, so that another ledger (one a group of gateways shares) can
-stand behind it; ``LedgerSpendStore`` reads the SQLite ledger.
+A small interface, so that another store can stand behind it; ``LedgerSpendStore``
+reads the SQL ledger, SQLite or PostgreSQL (one a group of gateways may share).
 """
 
 from __future__ import annotations
 
 from datetime import date, timedelta
-from pathlib import Path
 from typing import Protocol
 
 from boundedcode_gateway.budgets.spent import Holder, HolderSpent, Spent
-from boundedcode_gateway.metering.ledger import Ledger
+from boundedcode_gateway.metering.ledgers import ledger_at
+from boundedcode_gateway.metering.location import LedgerLocation
 
 
 class SpendStore(Protocol):
@@ -27,13 +27,13 @@ class LedgerSpendStore:
     """The spending the SQL ledger's rows add up to (its migrations applied first, unless
     ``read_only``)."""
 
-    def __init__(self, path: Path, read_only: bool = False) -> None:
-        self.path = path
+    def __init__(self, location: LedgerLocation, read_only: bool = False) -> None:
+        self.location = location
         self.read_only = read_only
 
     def spent(self, day: str) -> dict[Holder, HolderSpent]:
         next_day = (date.fromisoformat(day) + timedelta(days=1)).isoformat()
-        ledger = Ledger(self.path)
+        ledger = ledger_at(self.location)
         ledger.open(read_only=self.read_only)
         try:
             rows = ledger.spending(day, next_day)

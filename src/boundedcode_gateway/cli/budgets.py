@@ -6,7 +6,6 @@ Token budgets live in the tokens' claims, not the configuration, so they are not
 
 from __future__ import annotations
 
-import sqlite3
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -14,6 +13,8 @@ from datetime import UTC, datetime
 from boundedcode_gateway.budgets.spent import Holder, HolderSpent, Spent
 from boundedcode_gateway.budgets.store import LedgerSpendStore
 from boundedcode_gateway.config import BudgetSettings, GatewayConfig
+from boundedcode_gateway.metering.ledgers import LEDGER_ERRORS, ledger_exists
+from boundedcode_gateway.metering.location import describe, explain
 
 HEADER = ("holder", "name", "per", "limit", "spent", "allowed", "left")
 NO_BUDGETS = "(no budgets configured)"
@@ -80,11 +81,13 @@ def run_budgets(config: GatewayConfig) -> int:
     """Print each budget's spending today (UTC) or in all, from the ledger."""
     day = datetime.now(UTC).date().isoformat()
     spent: dict[Holder, HolderSpent] = {}
-    if config.ledger_path.is_file():
+    ledger = config.ledger_location
+    if ledger_exists(ledger):
         try:
-            spent = LedgerSpendStore(config.ledger_path, read_only=True).spent(day)
-        except sqlite3.Error as exc:
-            print(f"cannot read the ledger {config.ledger_path}: {exc}", file=sys.stderr)
+            spent = LedgerSpendStore(ledger, read_only=True).spent(day)
+        except LEDGER_ERRORS as exc:
+            message = f"cannot read the ledger {describe(ledger)}: {explain(ledger, exc)}"
+            print(message, file=sys.stderr)
             return 1
     print(format_table(budget_rows(config, spent, day)))
     return 0

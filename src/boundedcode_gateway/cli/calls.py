@@ -6,14 +6,14 @@ call log and must not write to either.
 
 from __future__ import annotations
 
-import sqlite3
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from boundedcode_gateway.metering.calllog import read_calls
-from boundedcode_gateway.metering.ledger import Ledger
+from boundedcode_gateway.metering.ledgers import LEDGER_ERRORS, ledger_at, ledger_exists
+from boundedcode_gateway.metering.location import LedgerLocation, describe, explain
 from boundedcode_gateway.text import printable
 
 # (record field, header, right-aligned)
@@ -73,15 +73,16 @@ def format_calls_table(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_calls(ledger_path: Path, calls_path: Path, task: str | None, last: int) -> int:
+def run_calls(ledger: LedgerLocation, calls_path: Path, task: str | None, last: int) -> int:
     """Print the newest ``last`` calls (of ``task`` if given); the ledger first, else the log."""
     rows: list[dict[str, Any]] | None = None
-    if ledger_path.is_file():
+    if ledger_exists(ledger):
         try:
-            rows = _read_ledger(ledger_path, task, last)
-        except sqlite3.Error as exc:
+            rows = _read_ledger(ledger, task, last)
+        except LEDGER_ERRORS as exc:
             print(
-                f"cannot read the ledger {ledger_path}: {exc}; reading {calls_path}",
+                f"cannot read the ledger {describe(ledger)}: {explain(ledger, exc)}; "
+                f"reading {calls_path}",
                 file=sys.stderr,
             )
     if rows is None:
@@ -90,8 +91,8 @@ def run_calls(ledger_path: Path, calls_path: Path, task: str | None, last: int) 
     return 0
 
 
-def _read_ledger(path: Path, task: str | None, last: int) -> list[dict[str, Any]]:
-    ledger = Ledger(path)
+def _read_ledger(location: LedgerLocation, task: str | None, last: int) -> list[dict[str, Any]]:
+    ledger = ledger_at(location)
     ledger.open(read_only=True)
     try:
         return ledger.recent(task, last)

@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_token(config, args.task, models, args.ttl, args.budget_tokens)
         from boundedcode_gateway.cli.calls import run_calls
 
-        return run_calls(config.ledger_path, config.calls_path, args.task, args.last)
+        return run_calls(config.ledger_location, config.calls_path, args.task, args.last)
     except ConfigError as exc:
         print(f"boundedcode-gateway: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -15,15 +15,16 @@ from dataclasses import dataclass, fields
 from importlib.resources import files
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from boundedcode_gateway.clock import utc_now_iso
 from boundedcode_gateway.metering.ledger_queries import (
     CALL_SQL,
     CallFilter,
+    calls_page,
     calls_query,
     misses_query,
-    task_summary,
+    task_summaries,
     tasks_query,
 )
 from boundedcode_gateway.metering.records import LEDGER_FIELDS, CallRecord, Rejected
@@ -117,9 +118,10 @@ class Migration:
         return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
-def load_migrations() -> list[Migration]:
-    """All packaged migrations in numeric order; two files with one number is an error."""
-    folder = files(MIGRATIONS_PACKAGE).joinpath(MIGRATIONS_DIR)
+def load_migrations(directory: str = MIGRATIONS_DIR) -> list[Migration]:
+    """All packaged migrations of one folder (SQLite's by default) in numeric order; two
+    files with one number is an error."""
+    folder = files(MIGRATIONS_PACKAGE).joinpath(directory)
     found: dict[int, Migration] = {}
     for entry in folder.iterdir():
         match = _MIGRATION_NAME.match(entry.name)
@@ -134,6 +136,10 @@ def load_migrations() -> list[Migration]:
 
 class Ledger:
     """The ``model_calls`` table in one SQLite file."""
+
+    # a failure of the file is not waited out: the writer logs it and goes on (the call log
+    # still holds every record)
+    reconnects: ClassVar[bool] = False
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -208,11 +214,7 @@ class Ledger:
         """A page of calls, newest first, and the cursor of the next page (None: the last)."""
         sql, params = calls_query(f)
         rows = [_row_dict(row) for row in self._connection().execute(sql, params).fetchall()]
-        if len(rows) <= f.limit:
-            return rows, None
-        del rows[f.limit :]
-        last = rows[-1]
-        return rows, (last["started_at"], last["call_id"])
+        return calls_page(rows, f)
 
     def call(self, call_id: str) -> dict[str, Any] | None:
         row = self._connection().execute(CALL_SQL, (call_id,)).fetchone()
@@ -223,12 +225,11 @@ class Ledger:
         conn = self._connection()
         sql, params = tasks_query(search, limit)
         rows = conn.execute(sql, params).fetchall()
-        misses: dict[str, dict[str, int]] = {row[0]: {} for row in rows}
+        miss_rows = []
         if rows:
-            sql, params = misses_query(list(misses))
-            for task, cause, count in conn.execute(sql, params).fetchall():
-                misses[task][cause] = int(count)
-        return [task_summary(tuple(row), misses[row[0]]) for row in rows]
+            sql, params = misses_query([row[0] for row in rows])
+            miss_rows = conn.execute(sql, params).fetchall()
+        return task_summaries(rows, miss_rows)
 
     def spending(self, day_start: str, day_end: str) -> list[HolderTotals]:
         """Each caller's and task's spending, in all and from ``day_start`` up to

@@ -1,6 +1,7 @@
 """What the page of calls asks the ledger: recent calls by filter, one page at a time,
-and per-task sums. The SQL text and its parameters, built from a filter value; the
-``?`` paramstyle. Pure: it never touches a connection.
+and per-task sums. The SQL text and its parameters, built from a filter value, in the
+``?`` paramstyle (``numbered`` turns it into PostgreSQL's ``$1``), and the rows made into
+the page's answers. Pure: it never touches a connection.
 
 A page ends at a cursor (the last row's ``started_at`` and ``call_id``) rather than an
 offset, so calls recorded while a viewer pages do not shift the next page.
@@ -79,12 +80,25 @@ TASK_COLUMNS = (
 )
 
 
-def tasks_query(search: str | None, limit: int) -> tuple[str, list[Any]]:
-    """The tasks with the latest calls first, those whose name contains ``search``."""
+# the sums that count (tokens, calls), as whole numbers whatever the database summed them as
+_COUNTS = (
+    "calls",
+    "errors",
+    "prompt_tokens",
+    "cached_tokens",
+    "evaluated_tokens",
+    "repairs",
+    "repair_evaluated_tokens",
+)
+
+
+def tasks_query(search: str | None, limit: int, like: str = "LIKE") -> tuple[str, list[Any]]:
+    """The tasks with the latest calls first, those whose name contains ``search`` (in any
+    case: SQLite's ``LIKE`` ignores it, PostgreSQL's ``ILIKE`` does)."""
     params: list[Any] = []
     clause = ""
     if search:
-        clause = " WHERE task LIKE ? ESCAPE '\\'"
+        clause = f" WHERE task {like} ? ESCAPE '\\'"
         params.append("%" + _like_escaped(search) + "%")
     sql = (
         "SELECT task, "
@@ -116,11 +130,44 @@ def misses_query(tasks: list[str]) -> tuple[str, list[Any]]:
     return sql, list(tasks)
 
 
+def numbered(sql: str) -> str:
+    """``sql`` with each ``?`` made ``$1``, ``$2``, … in order (no ``?`` is in a literal)."""
+    parts = sql.split("?")
+    return "".join(
+        part + (f"${i}" if i < len(parts) else "") for i, part in enumerate(parts, start=1)
+    )
+
+
+def calls_page(
+    rows: list[dict[str, Any]], f: CallFilter
+) -> tuple[list[dict[str, Any]], tuple[str, str] | None]:
+    """The page of ``calls_query``'s rows, and the cursor of the next (None: the last)."""
+    if len(rows) <= f.limit:
+        return rows, None
+    del rows[f.limit :]
+    last = rows[-1]
+    return rows, (last["started_at"], last["call_id"])
+
+
+def task_summaries(
+    rows: list[tuple[Any, ...]], miss_rows: list[tuple[Any, ...]]
+) -> list[dict[str, Any]]:
+    """``tasks_query``'s rows, each with its misses from ``misses_query``'s."""
+    misses: dict[str, dict[str, int]] = {row[0]: {} for row in rows}
+    for task, cause, count in miss_rows:
+        misses[task][cause] = int(count)
+    return [task_summary(tuple(row), misses[row[0]]) for row in rows]
+
+
 def task_summary(row: tuple[Any, ...], misses: dict[str, int]) -> dict[str, Any]:
     """One task's sums as the page shows them, its misses most frequent first."""
     out = dict(zip(TASK_COLUMNS, row, strict=True))
     ratio_prompt, ratio_cached = out.pop("ratio_prompt"), out.pop("ratio_cached")
-    out["hit_ratio"] = ratio_cached / ratio_prompt if ratio_prompt else None
+    out["hit_ratio"] = float(ratio_cached) / float(ratio_prompt) if ratio_prompt else None
+    # PostgreSQL sums integers as numeric, times as double precision
+    for name in _COUNTS:
+        if out[name] is not None:
+            out[name] = int(out[name])
     out["misses"] = dict(sorted(misses.items(), key=lambda kv: (-kv[1], kv[0])))
     return out
 

@@ -6,6 +6,11 @@ logged and counted, and must not stop the other sink or the thread. A record a s
 cannot hold (a value out of its range) is set aside, logged, without the rest of its
 batch. With ``sync``, ``submit`` hands back a future the caller's answer waits on:
 done once the record's batch is written.
+
+A ledger that can come back (PostgreSQL) and fails is not given up: the records it could
+not take are kept in a bounded backlog (``backlog.py``), in order, while the call log goes
+on being written; the thread reconnects with backoff and writes them once it can. A
+batch kept so counts as done: its futures are released, no answer waits for the database.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TypeVar
 
+from boundedcode_gateway.metering.backlog import LedgerBacklog, Pending
 from boundedcode_gateway.metering.calllog import append_lines, rotate
-from boundedcode_gateway.metering.ledger import Ledger
-from boundedcode_gateway.metering.records import CallRecord
+from boundedcode_gateway.metering.ledgers import LedgerStore, ledger_at
+from boundedcode_gateway.metering.location import LedgerLocation, describe
+from boundedcode_gateway.metering.records import CallRecord, Rejected
 
 T = TypeVar("T")
 
@@ -34,6 +41,8 @@ BATCH_MAX = 256
 BATCH_WINDOW_S = 0.02
 # Under sustained overload every submit drops; log the first drop and then every Nth.
 DROP_LOG_EVERY = 1000
+# records a ledger that went away may leave waiting (`metering.ledger_buffer_records`)
+LEDGER_BUFFER_RECORDS = 100_000
 
 # None in the queue tells the thread to stop; it is queued after every record
 # submitted before close(), so those are all written first.
@@ -46,22 +55,26 @@ class MeterWriter:
     Counters: ``written`` records that reached at least one sink, ``dropped`` records
     refused (queue full or writer closed), ``errors`` sink failures (one per failed
     batch per sink, plus a failure to open the ledger), ``set_aside`` records a sink
-    could not hold (one per record per sink); ``queued`` records waiting. Observers
-    (``observe``) see each record as it is submitted.
+    could not hold (one per record per sink); ``queued`` records waiting. For a ledger
+    that reconnects: ``ledger_buffered`` records waiting for it to come back,
+    ``ledger_dropped`` records it lost (the buffer full, the oldest first; or still
+    waiting when the writer stopped). Observers (``observe``) see each record as it is
+    submitted.
     """
 
     def __init__(
         self,
         calls_path: Path,
-        ledger_path: Path,
+        ledger: LedgerLocation,
         max_queue: int = 100_000,
         enabled: bool = True,
         sync: bool = False,
         rotate_bytes: int | None = None,
         rotated_files: int = 4,
+        ledger_buffer_records: int = LEDGER_BUFFER_RECORDS,
     ) -> None:
         self.calls_path = calls_path
-        self.ledger_path = ledger_path
+        self.ledger_location = ledger
         # the call log is rotated once this size is reached, `rotated_files` of it kept
         self.rotate_bytes = rotate_bytes
         self.rotated_files = rotated_files
@@ -83,6 +96,7 @@ class MeterWriter:
         self._thread: threading.Thread | None = None
         self._failing: set[str] = set()  # sinks whose last write failed
         self._observers: tuple[Callable[[CallRecord], None], ...] = ()
+        self._backlog = LedgerBacklog(ledger_buffer_records)
 
     def observe(self, observer: Callable[[CallRecord], None]) -> None:
         """Show every submitted record to ``observer`` (on the submitter's thread, the event
@@ -101,6 +115,16 @@ class MeterWriter:
     def queued(self) -> int:
         """Records accepted and not yet written (or given up)."""
         return self._accepted - self._done
+
+    @property
+    def ledger_buffered(self) -> int:
+        """Records the ledger could not take yet, kept to be written once it can."""
+        return len(self._backlog)
+
+    @property
+    def ledger_dropped(self) -> int:
+        """Records the ledger lost while it was away: the oldest, once the buffer was full."""
+        return self._backlog.dropped
 
     def start(self) -> None:
         """Start the writer thread; starting twice is harmless."""
@@ -186,6 +210,11 @@ class MeterWriter:
                 batch, stop = self._next_batch()
                 if batch:
                     self._write(batch, ledger)
+                if ledger is not None and self._backlog.due(time.monotonic()):
+                    self._retry_ledger(ledger)
+            if ledger is not None and self._backlog:
+                self._retry_ledger(ledger)  # one last try before the records are lost
+                self._give_up_backlog()
         finally:
             if ledger is not None:
                 try:
@@ -194,9 +223,13 @@ class MeterWriter:
                     logger.exception("meter writer: closing the ledger failed")
 
     def _next_batch(self) -> tuple[list[CallRecord], bool]:
-        """Block for one item, then take whatever else is queued, up to BATCH_MAX."""
+        """Block for one item, then take whatever else is queued, up to BATCH_MAX. While a
+        ledger that went away is waited for, wake up when its next try is due."""
         batch: list[CallRecord] = []
-        item = self._queue.get()
+        try:
+            item = self._queue.get(timeout=self._backlog.wait(time.monotonic()))
+        except queue.Empty:
+            return batch, False
         if item is not None and not self.sync:
             # Let a burst gather: one append and one ledger transaction for many calls
             # instead of one each, and no wake-up of this thread per call. A sleep,
@@ -213,40 +246,127 @@ class MeterWriter:
                 return batch, False
         return batch, True
 
-    def _open_ledger(self) -> Ledger | None:
-        ledger = Ledger(self.ledger_path)
+    def _open_ledger(self) -> LedgerStore | None:
+        ledger = ledger_at(self.ledger_location)
 
-        def opened() -> Ledger:
+        def opened() -> LedgerStore:
             ledger.open()
             return ledger
 
         if self._attempt("ledger", opened) is not None:
             return ledger
-        logger.error("ledger %s is not written; the call log still is", self.ledger_path)
+        if ledger.reconnects:
+            self._backlog.failed(time.monotonic())
+            logger.error(
+                "ledger %s is not reachable; records wait for it (up to %d), the call log "
+                "is written",
+                describe(self.ledger_location),
+                self._backlog.bound,
+            )
+            return ledger
+        logger.error(
+            "ledger %s is not written; the call log still is", describe(self.ledger_location)
+        )
         return None
 
-    def _write(self, batch: Sequence[CallRecord], ledger: Ledger | None) -> None:
+    def _write(self, batch: Sequence[CallRecord], ledger: LedgerStore | None) -> None:
         if self.rotate_bytes is not None:
             self._attempt("call log rotation", self._rotate_when_full)
         logged = self._attempt("call log", lambda: append_lines(self.calls_path, batch))
-        stored = None if ledger is None else self._attempt("ledger", lambda: ledger.insert(batch))
-        missing: dict[str, int] = {}  # call id → sinks that do not hold it
-        for sink, rejected in (("call log", logged), ("ledger", stored)):
-            if rejected is None:
-                for record in batch:
-                    missing[record.call_id] = missing.get(record.call_id, 0) + 1
-                continue
-            for record, exc in rejected:
-                missing[record.call_id] = missing.get(record.call_id, 0) + 1
-                self._set_aside(sink, record, exc)
+        in_log = self._held("call log", batch, logged)
+        stored = self._store(batch, ledger, in_log)
+        in_ledger = self._held("ledger", batch, stored)
         with self._progress:
-            self.written += sum(1 for r in batch if missing.get(r.call_id, 0) < 2)
+            self.written += sum(1 for r in batch if id(r) in in_log or id(r) in in_ledger)
             self._done += len(batch)
             durable = [self._durable.pop(r.call_id, None) for r in batch] if self.sync else []
             self._progress.notify_all()
         for future in durable:
             if future is not None:
                 future.set_result(None)
+
+    def _held(
+        self, sink: str, batch: Sequence[CallRecord], rejected: list[Rejected] | None
+    ) -> set[int]:
+        """The records (by identity) the sink holds; those it set aside are logged."""
+        if rejected is None:
+            return set()
+        for record, exc in rejected:
+            self._set_aside(sink, record, exc)
+        left_out = {id(record) for record, _ in rejected}
+        return {id(r) for r in batch if id(r) not in left_out}
+
+    def _store(
+        self, batch: Sequence[CallRecord], ledger: LedgerStore | None, in_log: set[int]
+    ) -> list[Rejected] | None:
+        """Write the batch to the ledger: what it could not hold, or None when it holds none
+        of it yet (a failure, or kept in the backlog for a ledger that went away)."""
+        if ledger is None:
+            return None
+        if not ledger.reconnects:
+            return self._attempt("ledger", lambda: ledger.insert(batch))
+        if not self._backlog.failing:
+            stored = self._attempt("ledger", lambda: ledger.insert(batch))
+            if stored is not None:
+                return stored
+            self._backlog.failed(time.monotonic())
+        # behind the records already kept: the ledger gets them in the order they came
+        dropped = self._backlog.keep(Pending(r, id(r) in in_log) for r in batch)
+        if dropped:
+            self._log_buffer_drops(dropped)
+        return None
+
+    def _retry_ledger(self, ledger: LedgerStore) -> None:
+        """Reconnect and write what was kept, oldest first, a batch at a time; a batch
+        written is released even when a later one fails."""
+        kept = len(self._backlog)
+
+        def reconnect_and_write() -> int:
+            ledger.close()
+            ledger.open()
+            while self._backlog:
+                chunk = self._backlog.head(BATCH_MAX)
+                rejected = ledger.insert([p.record for p in chunk])
+                self._backlog.release(len(chunk))
+                for record, exc in rejected:
+                    self._set_aside("ledger", record, exc)
+                left_out = {id(record) for record, _ in rejected}
+                late = sum(1 for p in chunk if not p.counted and id(p.record) not in left_out)
+                with self._lock:
+                    self.written += late
+            return kept
+
+        if self._attempt("ledger", reconnect_and_write) is None:
+            self._backlog.failed(time.monotonic())
+            return
+        self._backlog.succeeded()
+        if kept:
+            logger.warning("meter writer: %d records kept for the ledger are written", kept)
+
+    def _give_up_backlog(self) -> None:
+        lost = self._backlog.give_up()
+        if lost:
+            logger.error(
+                "meter writer: %d records never reached the ledger %s (%d in all); the call "
+                "log has them",
+                lost,
+                describe(self.ledger_location),
+                self._backlog.dropped,
+            )
+
+    def _log_buffer_drops(self, dropped: Sequence[Pending]) -> None:
+        total = self._backlog.dropped
+        # the first drop of a run, then every DROP_LOG_EVERY-th
+        if total == len(dropped) or total // DROP_LOG_EVERY != (total - len(dropped)) // (
+            DROP_LOG_EVERY
+        ):
+            logger.warning(
+                "meter writer: the ledger buffer is full (%d records): the oldest dropped, "
+                "%s last (%d dropped so far)",
+                self._backlog.bound,
+                dropped[-1].record.call_id,
+                total,
+            )
 
     def _rotate_when_full(self) -> None:
         assert self.rotate_bytes is not None

@@ -200,7 +200,7 @@ class GatewayMetrics:
 
 class _StateCollector(Collector):
     """What is read when scraped: calls in flight, managed-server restarts, the metering
-    queue and its losses."""
+    queue and its losses, the ledger's buffer."""
 
     def __init__(self, routes: RouteTable, writer: MeterWriter, events: CallEvents | None) -> None:
         self._routes = routes
@@ -251,6 +251,17 @@ class _StateCollector(Collector):
             f"{PREFIX}_metering_errors",
             "Failed writes of the call log or the ledger",
             value=w.errors,
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_metering_ledger_buffered_records",
+            "Call records a PostgreSQL ledger that went away has not taken yet, kept to be "
+            "written once it is back",
+            value=w.ledger_buffered,
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_metering_ledger_dropped_records",
+            "Call records the ledger lost while it was away: the oldest, its buffer full",
+            value=w.ledger_dropped,
         )
         events = self._events
         if events is not None:

@@ -23,7 +23,8 @@ from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.access.sites import is_loopback
 from boundedcode_gateway.errors import Forbidden, GatewayError
 from boundedcode_gateway.ingress.render import Receive, Send, send_body, send_json
-from boundedcode_gateway.metering.ledger import Ledger
+from boundedcode_gateway.metering.ledgers import LedgerStore, ledger_at, ledger_exists
+from boundedcode_gateway.metering.location import LedgerLocation
 from boundedcode_gateway.metering.records import CALL_LOG_ONLY
 from boundedcode_gateway.service import GatewayService
 from boundedcode_gateway.ui.events import CallEvents, Viewer
@@ -81,7 +82,7 @@ class UiRoutes:
         events: CallEvents,
         records: RecentRecords,
         calls_path: Path,
-        ledger_path: Path | None,
+        ledger: LedgerLocation | None,
         listen_host: str,
     ) -> None:
         self._service = service
@@ -89,7 +90,7 @@ class UiRoutes:
         self._records = records
         self._calls_path = calls_path
         # None: metering is off, nothing was recorded
-        self._ledger_path = ledger_path
+        self._ledger = ledger
         self._loopback = is_loopback(listen_host)
         self._files = _static_files()
 
@@ -204,14 +205,14 @@ class UiRoutes:
 
     @property
     def _metering(self) -> bool:
-        return self._ledger_path is not None
+        return self._ledger is not None
 
-    async def _read(self, question: Callable[[Ledger], T]) -> T | None:
+    async def _read(self, question: Callable[[LedgerStore], T]) -> T | None:
         """Ask the ledger in a thread; None when there is none (yet)."""
-        path = self._ledger_path
-        if path is None:
+        location = self._ledger
+        if location is None:
             return None
-        return await asyncio.to_thread(_ask_ledger, path, question)
+        return await asyncio.to_thread(_ask_ledger, location, question)
 
     # -- the event stream
 
@@ -267,10 +268,10 @@ async def _model(name: str, upstream: Any) -> dict[str, Any]:
     }
 
 
-def _ask_ledger(path: Path, question: Callable[[Ledger], T]) -> T | None:
-    if not path.is_file():
+def _ask_ledger(location: LedgerLocation, question: Callable[[LedgerStore], T]) -> T | None:
+    if not ledger_exists(location):
         return None  # nothing recorded yet
-    ledger = Ledger(path)
+    ledger = ledger_at(location)
     ledger.open(read_only=True)
     try:
         return question(ledger)

@@ -1,5 +1,5 @@
 -- One row per caller request; the columns follow RECORD_FIELDS in records.py.
--- Portable between SQLite and PostgreSQL: keep to standard types and syntax.
+-- SQLite's form; postgresql/ holds PostgreSQL's, with the same numbers and names.
 CREATE TABLE model_calls (
     call_id TEXT PRIMARY KEY,
     started_at TEXT NOT NULL,

@@ -1,0 +1,320 @@
+"""The SQL ledger in PostgreSQL: the ``model_calls`` table through asyncpg, and its migrations.
+
+Owns the connection, the PostgreSQL migrations (``migrations/postgresql/``, applied under
+an advisory lock) and this dialect's SQL text (the ``$n`` parameters stay in this file).
+``PostgresLedger`` has the SQLite ``Ledger``'s blocking methods: each drives asyncpg on an
+event loop of the ledger's own, in the one thread that uses it (the meter writer's, or a
+command's); it must not be called from a thread whose event loop is running. ``prepare``
+is its connect-and-migrate as a coroutine, for the gateway's start-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Coroutine, Sequence
+from operator import attrgetter
+from typing import Any, ClassVar, TypeVar
+
+import asyncpg
+
+from boundedcode_gateway.clock import utc_now_iso
+from boundedcode_gateway.metering.ledger import (
+    MIGRATIONS_DIR,
+    HolderTotals,
+    Migration,
+    load_migrations,
+)
+from boundedcode_gateway.metering.ledger_queries import (
+    CallFilter,
+    calls_page,
+    calls_query,
+    misses_query,
+    numbered,
+    task_summaries,
+    tasks_query,
+)
+from boundedcode_gateway.metering.location import PostgresLocation
+from boundedcode_gateway.metering.records import LEDGER_FIELDS, CallRecord, Rejected
+
+T = TypeVar("T")
+
+PG_MIGRATIONS_DIR = f"{MIGRATIONS_DIR}/postgresql"
+APPLICATION_NAME = "boundedcode-gateway"
+# A database that does not answer holds the writer thread (and a `metering.sync` answer
+# waiting on it) at most this long per connection attempt and per statement.
+CONNECT_TIMEOUT_S = 5.0
+COMMAND_TIMEOUT_S = 10.0
+# how long closing a connection may take before it is dropped without a goodbye
+CLOSE_TIMEOUT_S = 2.0
+# The advisory lock migrations are applied under: one key, the same in every gateway.
+MIGRATION_LOCK_KEY = int.from_bytes(
+    hashlib.sha256(b"boundedcode_gateway.model_calls").digest()[:8], "big", signed=True
+)
+
+TABLE = "model_calls"
+_COLUMNS = ", ".join(LEDGER_FIELDS)
+_ROW = attrgetter(*LEDGER_FIELDS)  # a record's ledger values, in column order
+_PLACEHOLDERS = ", ".join(f"${i}" for i in range(1, len(LEDGER_FIELDS) + 1))
+
+LOCK_MIGRATIONS_SQL = "SELECT pg_advisory_xact_lock($1)"
+CREATE_SCHEMA_MIGRATIONS_SQL = (
+    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+    "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+)
+SELECT_MIGRATIONS_SQL = "SELECT version FROM schema_migrations"
+INSERT_MIGRATION_SQL = (
+    "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)"
+)
+INSERT_CALL_SQL = f"INSERT INTO {TABLE} ({_COLUMNS}) VALUES ({_PLACEHOLDERS})"
+SELECT_CALL_SQL = f"SELECT {_COLUMNS} FROM {TABLE} WHERE call_id = $1"
+# seq breaks ties between calls started in the same millisecond: insertion order.
+SELECT_RECENT_SQL = f"SELECT {_COLUMNS} FROM {TABLE} ORDER BY started_at DESC, seq DESC LIMIT $1"
+SELECT_RECENT_FOR_TASK_SQL = (
+    f"SELECT {_COLUMNS} FROM {TABLE} WHERE task = $1 ORDER BY started_at DESC, seq DESC LIMIT $2"
+)
+
+# The SQLite ledger's aggregate (ledger.py), with the day's bounds as $1 and $2.
+_DAY = "started_at >= $1 AND started_at < $2"
+_SPENT_COLUMNS = (
+    "SUM(COALESCE(cost_usd, 0)), "
+    "SUM(COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0)), "
+    "SUM(COALESCE(evaluated_tokens, 0)), "
+    f"SUM(CASE WHEN {_DAY} THEN COALESCE(cost_usd, 0) ELSE 0 END), "
+    f"SUM(CASE WHEN {_DAY} THEN COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0) "
+    "ELSE 0 END), "
+    f"SUM(CASE WHEN {_DAY} THEN COALESCE(evaluated_tokens, 0) ELSE 0 END)"
+)
+SELECT_SPENDING_SQL = (
+    f"SELECT 'caller', caller, {_SPENT_COLUMNS} FROM {TABLE} "
+    "WHERE caller IS NOT NULL GROUP BY caller "
+    f"UNION ALL SELECT 'task', task, {_SPENT_COLUMNS} FROM {TABLE} GROUP BY task"
+)
+
+# What one row's values or constraints raise: a number out of BIGINT's range or a string
+# PostgreSQL cannot hold (a NUL, a lone surrogate), a call id already there, a value too
+# large for an index. asyncpg encodes a COPY's values itself (OverflowError,
+# UnicodeEncodeError, TypeError) and an INSERT's as query arguments (DataError). Any other
+# failure is the database's own (gone, full, shutting down): the batch is kept and tried
+# again, never set aside.
+ROW_ERRORS: tuple[type[Exception], ...] = (
+    OverflowError,
+    ValueError,
+    TypeError,
+    asyncpg.DataError,
+    asyncpg.IntegrityConstraintViolationError,
+    asyncpg.ProgramLimitExceededError,
+)
+# What a database that cannot be reached, or goes away, raises (for the readers' messages).
+DATABASE_ERRORS: tuple[type[Exception], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    OSError,
+    TimeoutError,
+)
+
+
+def load_pg_migrations() -> list[Migration]:
+    """PostgreSQL's migrations, in numeric order: SQLite's numbers and names."""
+    return load_migrations(PG_MIGRATIONS_DIR)
+
+
+async def connect(location: PostgresLocation, read_only: bool = False) -> asyncpg.Connection:
+    """One connection; ``read_only`` makes every transaction of the session read-only."""
+    settings = {"application_name": APPLICATION_NAME}
+    if read_only:
+        settings["default_transaction_read_only"] = "on"
+    return await asyncpg.connect(
+        location.url,
+        timeout=CONNECT_TIMEOUT_S,
+        command_timeout=COMMAND_TIMEOUT_S,
+        server_settings=settings,
+    )
+
+
+async def migrate(conn: asyncpg.Connection, migrations: Sequence[Migration] | None = None) -> None:
+    """Apply the migrations not yet recorded in ``schema_migrations``, in order, in one
+    transaction, under the advisory lock: a second gateway starting at once waits for it,
+    then finds them applied."""
+    pending = load_pg_migrations() if migrations is None else migrations
+    async with conn.transaction():
+        await conn.execute(LOCK_MIGRATIONS_SQL, MIGRATION_LOCK_KEY)
+        await conn.execute(CREATE_SCHEMA_MIGRATIONS_SQL)
+        applied = {row[0] for row in await conn.fetch(SELECT_MIGRATIONS_SQL)}
+        for migration in pending:
+            if migration.version in applied:
+                continue
+            await conn.execute(migration.sql)
+            await conn.execute(
+                INSERT_MIGRATION_SQL, migration.version, migration.name, utc_now_iso()
+            )
+
+
+async def prepare(location: PostgresLocation) -> None:
+    """Connect and apply pending migrations, then close: the start-up's check that the
+    ledger can be written. Raises what connecting or migrating raised."""
+    conn = await connect(location)
+    try:
+        await migrate(conn)
+    finally:
+        await close_connection(conn)
+
+
+async def close_connection(conn: asyncpg.Connection) -> None:
+    """Close politely; a connection that is gone or does not answer is dropped."""
+    try:
+        await conn.close(timeout=CLOSE_TIMEOUT_S)
+    except Exception:
+        conn.terminate()
+
+
+async def insert_records(conn: asyncpg.Connection, records: Sequence[CallRecord]) -> list[Rejected]:
+    """The records in one COPY; should a row fail, row by row in one transaction, each
+    behind a savepoint, and only the rows that fail are left out (returned).
+
+    A row whose call id is there already with the very same values is not a failure:
+    it is this record, written by an earlier attempt whose answer the connection lost.
+    A failure of the database itself (gone, timed out) raises, and nothing is written.
+    """
+    if not records:
+        return []
+    rows = [_ROW(r) for r in records]
+    try:
+        async with conn.transaction():
+            await conn.copy_records_to_table(
+                TABLE, records=rows, columns=LEDGER_FIELDS, timeout=COMMAND_TIMEOUT_S
+            )
+    except ROW_ERRORS:
+        pass
+    else:
+        return []
+    rejected: list[Rejected] = []
+    async with conn.transaction():
+        for record, row in zip(records, rows, strict=True):
+            try:
+                async with conn.transaction():
+                    await conn.execute(INSERT_CALL_SQL, *row)
+            except asyncpg.UniqueViolationError as exc:
+                if not await _holds(conn, row):
+                    rejected.append((record, exc))
+            except ROW_ERRORS as exc:
+                rejected.append((record, exc))
+    return rejected
+
+
+async def _holds(conn: asyncpg.Connection, row: tuple[Any, ...]) -> bool:
+    existing = await conn.fetchrow(SELECT_CALL_SQL, row[0])
+    return existing is not None and tuple(existing) == row
+
+
+class PostgresLedger:
+    """The ``model_calls`` table in one PostgreSQL database; blocking, for one thread."""
+
+    # a database that went away may come back: the writer keeps what it could not write,
+    # reconnects and writes it then
+    reconnects: ClassVar[bool] = True
+
+    def __init__(self, location: PostgresLocation) -> None:
+        self.location = location
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conn: asyncpg.Connection | None = None
+
+    def open(self, *, read_only: bool = False) -> None:
+        """Connect and apply pending migrations; ``read_only`` neither migrates nor writes."""
+        if self._conn is not None:
+            return
+        self._loop = asyncio.new_event_loop()
+        try:
+            self._conn = self._run(self._connect(read_only))
+        except BaseException:
+            self.close()
+            raise
+
+    async def _connect(self, read_only: bool) -> asyncpg.Connection:
+        conn = await connect(self.location, read_only)
+        try:
+            if not read_only:
+                await migrate(conn)
+        except BaseException:
+            conn.terminate()
+            raise
+        return conn
+
+    def insert(self, records: Sequence[CallRecord]) -> list[Rejected]:
+        """Insert the records (one COPY); the records the database cannot hold are returned."""
+        return self._run(insert_records(self._connection(), records))
+
+    def recent(self, task: str | None, last: int) -> list[dict[str, Any]]:
+        """The newest ``last`` calls (of ``task`` if given), oldest first, newest last."""
+        if last <= 0:
+            return []
+        conn = self._connection()
+        if task is None:
+            query = conn.fetch(SELECT_RECENT_SQL, last)
+        else:
+            query = conn.fetch(SELECT_RECENT_FOR_TASK_SQL, task, last)
+        rows = [dict(zip(LEDGER_FIELDS, row, strict=True)) for row in self._run(query)]
+        rows.reverse()
+        return rows
+
+    def calls(self, f: CallFilter) -> tuple[list[dict[str, Any]], tuple[str, str] | None]:
+        """A page of calls, newest first, and the cursor of the next page (None: the last)."""
+        sql, params = calls_query(f)
+        rows = self._run(self._connection().fetch(numbered(sql), *params))
+        return calls_page([dict(zip(LEDGER_FIELDS, row, strict=True)) for row in rows], f)
+
+    def call(self, call_id: str) -> dict[str, Any] | None:
+        row = self._run(self._connection().fetchrow(SELECT_CALL_SQL, call_id))
+        return dict(zip(LEDGER_FIELDS, row, strict=True)) if row is not None else None
+
+    def tasks(self, search: str | None, limit: int) -> list[dict[str, Any]]:
+        """Per task its sums and misses, the tasks with the latest calls first."""
+        conn = self._connection()
+        sql, params = tasks_query(search, limit, like="ILIKE")
+        rows = [tuple(row) for row in self._run(conn.fetch(numbered(sql), *params))]
+        miss_rows: list[tuple[Any, ...]] = []
+        if rows:
+            sql, params = misses_query([row[0] for row in rows])
+            miss_rows = [tuple(row) for row in self._run(conn.fetch(numbered(sql), *params))]
+        return task_summaries(rows, miss_rows)
+
+    def spending(self, day_start: str, day_end: str) -> list[HolderTotals]:
+        """Each caller's and task's spending, in all and from ``day_start`` up to
+        ``day_end`` (``YYYY-MM-DD``, compared with ``started_at``)."""
+        rows = self._run(self._connection().fetch(SELECT_SPENDING_SQL, day_start, day_end))
+        return [
+            HolderTotals(
+                kind,
+                name,
+                float(cost),
+                int(tokens),
+                int(evaluated),
+                float(day_cost),
+                int(day_tokens),
+                int(day_evaluated),
+            )
+            for kind, name, cost, tokens, evaluated, day_cost, day_tokens, day_evaluated in rows
+        ]
+
+    def close(self) -> None:
+        """Close the connection and the ledger's event loop; closing twice is harmless."""
+        conn, self._conn = self._conn, None
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        try:
+            if conn is not None:
+                loop.run_until_complete(close_connection(conn))
+        finally:
+            loop.close()
+
+    def _connection(self) -> asyncpg.Connection:
+        if self._conn is None:
+            raise RuntimeError(f"ledger {self.location} is not open")
+        return self._conn
+
+    def _run(self, work: Coroutine[Any, Any, T]) -> T:
+        if self._loop is None:
+            work.close()
+            raise RuntimeError(f"ledger {self.location} is not open")
+        return self._loop.run_until_complete(work)
