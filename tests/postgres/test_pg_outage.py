@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from boundedcode_gateway.app import GatewayApp
 from boundedcode_gateway.config import parse_config
 from boundedcode_gateway.metering.location import PostgresLocation
+from boundedcode_gateway.metering.pg_ledger import load_pg_migrations
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.operations.metrics import PREFIX, GatewayMetrics
 from tests.fakes.tcp_proxy import TcpProxy
@@ -281,7 +282,7 @@ async def test_a_reachable_database_is_migrated_before_the_gateway_serves(
     try:
         await app.startup()
         versions = pg.fetch("SELECT version FROM schema_migrations ORDER BY version")
-        assert [v["version"] for v in versions] == [1, 2, 3, 4, 5]
+        assert [v["version"] for v in versions] == [m.version for m in load_pg_migrations()]
     finally:
         await app.shutdown()
 
