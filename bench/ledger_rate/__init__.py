@@ -1,0 +1,1 @@
+"""How fast calls are recorded, SQLite against PostgreSQL (``python -m bench.ledger_rate``)."""
