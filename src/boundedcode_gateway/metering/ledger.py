@@ -77,7 +77,7 @@ SELECT_SPENDING_SQL = (
     f"UNION ALL SELECT 'task', task, {_SPENT_COLUMNS} FROM model_calls GROUP BY task"
 )
 # the day's bounds, once for each of the three day columns of each half
-_SPENDING_DAY_PARAMS = 6
+SPENDING_DAY_PARAMS = 6
 
 
 class HolderTotals(NamedTuple):
@@ -235,7 +235,7 @@ class Ledger:
         """Each caller's and task's spending, in all and from ``day_start`` up to
         ``day_end`` (``YYYY-MM-DD``, compared with ``started_at``)."""
         conn = self._connection()
-        params = (day_start, day_end) * _SPENDING_DAY_PARAMS
+        params = (day_start, day_end) * SPENDING_DAY_PARAMS
         return [
             HolderTotals(
                 kind,

@@ -21,9 +21,13 @@ import asyncpg
 from boundedcode_gateway.clock import utc_now_iso
 from boundedcode_gateway.metering.ledger import (
     MIGRATIONS_DIR,
+    SPENDING_DAY_PARAMS,
     HolderTotals,
     Migration,
     load_migrations,
+)
+from boundedcode_gateway.metering.ledger import (
+    SELECT_SPENDING_SQL as SQLITE_SPENDING_SQL,
 )
 from boundedcode_gateway.metering.ledger_queries import (
     CallFilter,
@@ -74,22 +78,9 @@ SELECT_RECENT_FOR_TASK_SQL = (
     f"SELECT {_COLUMNS} FROM {TABLE} WHERE task = $1 ORDER BY started_at DESC, seq DESC LIMIT $2"
 )
 
-# The SQLite ledger's aggregate (ledger.py), with the day's bounds as $1 and $2.
-_DAY = "started_at >= $1 AND started_at < $2"
-_SPENT_COLUMNS = (
-    "SUM(COALESCE(cost_usd, 0)), "
-    "SUM(COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0)), "
-    "SUM(COALESCE(evaluated_tokens, 0)), "
-    f"SUM(CASE WHEN {_DAY} THEN COALESCE(cost_usd, 0) ELSE 0 END), "
-    f"SUM(CASE WHEN {_DAY} THEN COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0) "
-    "ELSE 0 END), "
-    f"SUM(CASE WHEN {_DAY} THEN COALESCE(evaluated_tokens, 0) ELSE 0 END)"
-)
-SELECT_SPENDING_SQL = (
-    f"SELECT 'caller', caller, {_SPENT_COLUMNS} FROM {TABLE} "
-    "WHERE caller IS NOT NULL GROUP BY caller "
-    f"UNION ALL SELECT 'task', task, {_SPENT_COLUMNS} FROM {TABLE} GROUP BY task"
-)
+# the SQLite ledger's aggregate (ledger.py), its placeholders numbered: the day's bounds
+# are given once for each of them
+SELECT_SPENDING_SQL = numbered(SQLITE_SPENDING_SQL)
 
 # What one row's values or constraints raise: a number out of BIGINT's range or a string
 # PostgreSQL cannot hold (a NUL, a lone surrogate), a call id already there, a value too
@@ -281,7 +272,8 @@ class PostgresLedger:
     def spending(self, day_start: str, day_end: str) -> list[HolderTotals]:
         """Each caller's and task's spending, in all and from ``day_start`` up to
         ``day_end`` (``YYYY-MM-DD``, compared with ``started_at``)."""
-        rows = self._run(self._connection().fetch(SELECT_SPENDING_SQL, day_start, day_end))
+        params = (day_start, day_end) * SPENDING_DAY_PARAMS
+        rows = self._run(self._connection().fetch(SELECT_SPENDING_SQL, *params))
         return [
             HolderTotals(
                 kind,
