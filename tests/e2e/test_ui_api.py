@@ -389,3 +389,21 @@ def test_a_managed_servers_state_follows_its_process(
     assert gone["uptime_s"] is None and gone["slots"] is None
     back = wait_for("ready")
     assert back["restarts"] == 1 and back["pid"] != ready["pid"]
+
+
+def test_a_managed_server_that_never_starts_is_shown_failed(
+    tmp_path: Path, start_gateway: GatewayFactory
+) -> None:
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    broken = tmp_path / "broken-llama-server"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    server = {"cache_repair": False, "startup_timeout_s": 1}
+    profile = {"provider": "local", "model_path": str(model), "server": server}
+    gw = start_gateway({"broken": profile}, llama_server_bin=str(broken))
+    with httpx.Client(base_url=gw.url, timeout=10) as http:
+        (model_shown,) = get(http, "/ui/api/models")["models"]
+    (shown,) = model_shown["servers"]
+    assert shown["state"] == "failed" and shown["uptime_s"] is None
+    assert model_shown["not_ready"]
