@@ -238,6 +238,17 @@ async def test_the_lifespan_reports_the_failed_start(pg: PgDatabase, tmp_path: P
     assert "s3cret-pw" not in failed["message"]
 
 
+async def test_a_state_database_that_does_not_exist_stops_the_start(
+    pg: PgDatabase, tmp_path: Path
+) -> None:
+    app = gateway(pg.url + "_absent", tmp_path)
+    try:
+        with pytest.raises(RuntimeError, match="InvalidCatalogNameError"):
+            await app.startup()
+    finally:
+        await app.shutdown()
+
+
 async def test_a_state_database_that_cannot_be_migrated_stops_the_start(
     pg: PgDatabase, tmp_path: Path
 ) -> None:

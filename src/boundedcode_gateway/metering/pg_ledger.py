@@ -1,7 +1,8 @@
 """The SQL ledger in PostgreSQL: the ``model_calls`` table through asyncpg, and its migrations.
 
 Owns the connection, the PostgreSQL migrations (``migrations/postgresql/``, applied under
-an advisory lock) and this dialect's SQL text (the ``$n`` parameters stay in this file).
+an advisory lock, as ``apply_migrations`` also applies the task state's) and this dialect's
+SQL text (the ``$n`` parameters stay in this file).
 ``PostgresLedger`` has the SQLite ``Ledger``'s blocking methods: each drives asyncpg on an
 event loop of the ledger's own, in the one thread that uses it (the meter writer's, or a
 command's); it must not be called from a thread whose event loop is running. ``prepare``

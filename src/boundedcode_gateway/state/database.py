@@ -26,7 +26,6 @@ from boundedcode_gateway.metering.pg_ledger import (
     APPLICATION_NAME,
     CLOSE_TIMEOUT_S,
     CONNECT_TIMEOUT_S,
-    DATABASE_ERRORS,
     ROW_ERRORS,
     advisory_lock_key,
     apply_migrations,
@@ -131,7 +130,7 @@ class StateDatabase:
             self._missed_one(operation)
             log.warning("state database: %s failed: %s", operation, self._explain(exc))
             raise StateUnavailable(operation) from None
-        except DATABASE_ERRORS as exc:
+        except Exception as exc:  # gone, silent, refusing (pg_ledger.DATABASE_ERRORS), or else
             self._failed(operation, exc)
             raise StateUnavailable(operation) from None
         self._worked()
