@@ -180,6 +180,19 @@ async def test_a_failed_write_leaves_the_item_with_its_own_gateway(
     assert pg.fetch("SELECT count(*) AS n FROM state_reasoning") == [{"n": 0}]
 
 
+async def test_a_row_that_is_not_json_is_skipped(
+    two: tuple[Gateway, Gateway], pg: PgDatabase
+) -> None:
+    a, b = two
+    await a.keep("t", "reasoning_content", ["text:1"], "one")
+    pg.execute("UPDATE state_reasoning SET data = 'not json'::bytea")
+    await a.keep("t", "reasoning_content", ["text:2"], "two")
+    call = await b.reasoning.task("t")
+    assert call.find("reasoning_content", ["text:1"]) is None
+    found = call.find("reasoning_content", ["text:2"])
+    assert found is not None and found.data == "two"
+
+
 HISTORIES: list[list[str]] = [
     ["s", "u1"],
     ["s", "u1", "a1", "u2"],  # grew

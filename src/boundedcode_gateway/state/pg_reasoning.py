@@ -148,12 +148,14 @@ class PostgresReasoningStore:
             seq = row["seq"]
             if seq is None or seq <= held.seq:
                 continue
-            data: bytes = row["data"]
-            item = ReasoningItem(
-                row["kind"], row["key"], row["provider"], row["profile"], orjson.loads(data)
-            )
-            held.items[(item.kind, item.key)] = item
             held.seq = seq
+            data: bytes = row["data"]
+            try:
+                value = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                continue  # not a row this store wrote
+            item = ReasoningItem(row["kind"], row["key"], row["provider"], row["profile"], value)
+            held.items[(item.kind, item.key)] = item
             grown += len(data)
         self._grow(task, held, grown)
 
