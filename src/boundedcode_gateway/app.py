@@ -33,12 +33,10 @@ from boundedcode_gateway.metering.location import describe, explain
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.operations.metrics import GatewayMetrics
 from boundedcode_gateway.policy.cache_misses import ContinuityTable
-from boundedcode_gateway.policy.history_diff import HistoryTracker
 from boundedcode_gateway.providers.base import Upstream
-from boundedcode_gateway.providers.registry import REASONING_FILES
-from boundedcode_gateway.reasoning_store.store import ReasoningStore
-from boundedcode_gateway.retention import FolderSweeper
+from boundedcode_gateway.retention import IdleTaskSweeper
 from boundedcode_gateway.service import GatewayService
+from boundedcode_gateway.state.backends import task_state_for
 from boundedcode_gateway.ui.events import CallEvents
 from boundedcode_gateway.ui.records import RecentRecords
 from boundedcode_gateway.ui.routes import UiRoutes
@@ -99,7 +97,9 @@ class GatewayApp:
         )
         retention = config.retention
         memory = (retention.tasks_in_memory, retention.task_idle_s)
-        self.reasoning = ReasoningStore(config.data_path, REASONING_FILES, *memory)
+        # the reasoning store and the history behind `changed`: files, or `state:`'s database
+        self.state = task_state_for(config)
+        self.reasoning = self.state.reasoning
         # a restarted gateway goes on comparing each conversation with its previous call
         continuity = ContinuityTable.from_call_log(
             read_tail(config.calls_path, CONTINUITY_TAIL_BYTES), *memory
@@ -121,13 +121,15 @@ class GatewayApp:
             self.reasoning,
             continuity,
             budgets=self.budgets,
-            history=HistoryTracker(*memory),
+            history=self.state.history,
             events=self.events,
         )
-        self.metrics = GatewayMetrics(self.service, self.writer, self.events)
+        self.metrics = GatewayMetrics(
+            self.service, self.writer, self.events, state=self.state.database
+        )
         self.writer.observe(self.metrics.observe)
         self.sweeper = (
-            FolderSweeper(self.reasoning, retention.task_days)
+            IdleTaskSweeper(self.state, retention.task_days)
             if retention.task_days is not None
             else None
         )
@@ -166,6 +168,7 @@ class GatewayApp:
         self._started = True
         self._loop = asyncio.get_running_loop()
         await self._prepare_ledger()
+        await self._open_state()
         await self._restore_budgets()
         self.writer.start()
         if self.sweeper is not None:
@@ -186,6 +189,16 @@ class GatewayApp:
             raise RuntimeError(
                 f"cannot open the ledger {describe(location)}: {explain(location, exc)}"
             ) from None
+
+    async def _open_state(self) -> None:
+        """A state database that cannot be reached or migrated stops start-up, as the
+        ledger's does. (Once serving, a call goes on without it: state/database.py.)"""
+        try:
+            await self.state.open()
+        except Exception as exc:
+            location = self.config.state_location
+            reason = explain(location, exc) if location is not None else str(exc)
+            raise RuntimeError(f"cannot open {self.state.where}: {reason}") from None
 
     async def _restore_budgets(self) -> None:
         """Read what each caller and task spent before this process, once, off the loop.
@@ -217,7 +230,7 @@ class GatewayApp:
         await self.service.close()
         await self.http.close()
         await asyncio.to_thread(self.writer.close)
-        await asyncio.to_thread(self.reasoning.close)
+        await self.state.close()
         self.body_parser.close()
 
     async def reload(self, config: GatewayConfig | None = None) -> ReloadResult:

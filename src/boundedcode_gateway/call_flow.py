@@ -38,12 +38,12 @@ from boundedcode_gateway.policy.cache_misses import (
     classify,
 )
 from boundedcode_gateway.policy.capabilities import check_request
-from boundedcode_gateway.policy.history_diff import HistoryTracker
+from boundedcode_gateway.policy.history_diff import History
 from boundedcode_gateway.policy.reasoning import REASONING_FIELD
 from boundedcode_gateway.policy.structured import requested_schema
 from boundedcode_gateway.providers.base import ChatCall, RequestOptions, Upstream
+from boundedcode_gateway.reasoning_store.backend import CallReasoning, ReasoningBackend
 from boundedcode_gateway.reasoning_store.keys import keys_for, text_of
-from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.relay import CallWatcher, StreamRelay
 from boundedcode_gateway.text import clip
 from boundedcode_gateway.upstream.http import HttpClient, read_body
@@ -89,8 +89,8 @@ class SharedState:
     """What every call of the process reads and adds to (the service owns it)."""
 
     http: HttpClient
-    reasoning: ReasoningStore
-    history: HistoryTracker
+    reasoning: ReasoningBackend
+    history: History
     continuity: ContinuityTable
     # (profile, schema form) pairs whose upstream refused a schema
     schema_refused: set[tuple[str, str]]
@@ -144,6 +144,7 @@ class CallFlow:
         self._keeper = keeper
         self._caller_body = body
         self._previous: PreviousCall | None = None
+        self._reasoning: CallReasoning | None = None  # the task's, once the call is built
         self._sent = b""  # the request the answer came from (the last one sent)
         # what the steps found, for the record
         self._log = AttemptLog()
@@ -170,7 +171,8 @@ class CallFlow:
         """Everything the upstream's request is made from, in one value."""
         ctx, upstream, body = self._meter.ctx, self._upstream, self._caller_body
         try:
-            self._changed = self._shared.history.observe(ctx.task, ctx.purpose, body["messages"])
+            history = self._shared.history
+            self._changed = await history.changed(ctx.task, ctx.purpose, body["messages"])
         except TypeError:
             raise_if_too_deep(body)
             raise
@@ -183,7 +185,7 @@ class CallFlow:
         body = discard.without_stream_option(body)
         self._stream = options.stream
         check_request(body, caps, upstream.name)
-        task_reasoning = await self._shared.reasoning.task(ctx.task)
+        task_reasoning = self._reasoning = await self._shared.reasoning.task(ctx.task)
         if self._keeper is not None:
             conversation = (ctx.task, ctx.purpose, upstream.name)
             self._previous = self._shared.continuity.previous(conversation)
@@ -245,7 +247,7 @@ class CallFlow:
             continue_from=lambda partial: upstream.continuation(
                 attempts.prepared, partial, options
             ),
-            recorded=self._meter.recorded,
+            recorded=self.recorded,
             secrets=self._secrets,
             max_event_bytes=self._shared.http.limits.event_bytes,
             watcher=self._shared.watcher,
@@ -343,6 +345,14 @@ class CallFlow:
         )
 
     # -- the record
+
+    async def recorded(self) -> None:
+        """Once the reasoning the call kept is where the next call finds it (in a state
+        database: before the caller sees the answer end) and, with ``metering.sync``, its
+        record is written."""
+        if self._reasoning is not None:
+            await self._reasoning.saved()
+        await self._meter.recorded()
 
     def end(self, error: GatewayError | None, cancelled: bool = False) -> None:
         """Fill the call's record from what the steps found, and submit it (once)."""

@@ -26,7 +26,12 @@ from pydantic import (
 )
 
 from boundedcode_gateway.errors import ConfigError, InvalidApiKeyConfig
-from boundedcode_gateway.metering.location import LedgerLocation, parse_ledger_url
+from boundedcode_gateway.metering.location import (
+    LedgerLocation,
+    PostgresLocation,
+    parse_ledger_url,
+    parse_postgres_url,
+)
 from boundedcode_gateway.provider_kinds import KINDS, ProviderKind, kinds_that
 
 ReasoningHistory = Literal["auto", "keep", "drop"]
@@ -565,6 +570,9 @@ class GatewayConfig(_Strict):
 
     data_dir: str = ".gateway"
     ledger: str | None = None
+    # the task state (reasoning store, history behind `changed`) in a PostgreSQL database
+    # several gateways share; unset: files under data_dir and this process's memory
+    state: str | None = None
     llama_server_bin: str | None = None
     max_body_mib: float = Field(default=32.0, gt=0)
     metering: MeteringSettings = MeteringSettings()
@@ -599,6 +607,18 @@ class GatewayConfig(_Strict):
         if value is not None:
             parse_ledger_url(value)
         return value
+
+    @field_validator("state")
+    @classmethod
+    def _check_state(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_postgres_url(value)
+        return value
+
+    @property
+    def state_location(self) -> PostgresLocation | None:
+        """The PostgreSQL database of the task state; None: files and memory."""
+        return None if self.state is None else parse_postgres_url(self.state)
 
     @property
     def data_path(self) -> Path:

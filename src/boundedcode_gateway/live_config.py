@@ -26,6 +26,7 @@ from boundedcode_gateway.upstream.http import HttpClient
 RESTART_ONLY: tuple[tuple[str, ...], ...] = (
     ("data_dir",),
     ("ledger",),
+    ("state",),
     ("metering",),
     ("inference", "connect_timeout_s"),
     ("inference", "read_timeout_s"),

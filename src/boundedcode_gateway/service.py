@@ -33,9 +33,9 @@ from boundedcode_gateway.llama_server.cache_keeper import CacheKeeper
 from boundedcode_gateway.metering.meter import CallContext, Meter
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy.cache_misses import ContinuityTable
-from boundedcode_gateway.policy.history_diff import HistoryTracker
+from boundedcode_gateway.policy.history_diff import History, HistoryTracker
 from boundedcode_gateway.providers.base import Upstream
-from boundedcode_gateway.reasoning_store.store import ReasoningStore
+from boundedcode_gateway.reasoning_store.backend import ReasoningBackend
 from boundedcode_gateway.text import clip
 from boundedcode_gateway.ui.events import CallEvents
 from boundedcode_gateway.upstream.http import HttpClient
@@ -53,10 +53,10 @@ class GatewayService:
         live: LiveConfig,
         http: HttpClient,
         writer: MeterWriter,
-        reasoning: ReasoningStore,
+        reasoning: ReasoningBackend,
         continuity: ContinuityTable | None = None,
         budgets: BudgetBook | None = None,
-        history: HistoryTracker | None = None,
+        history: History | None = None,
         events: CallEvents | None = None,
     ) -> None:
         self.live = live
@@ -145,7 +145,8 @@ class GatewayService:
             raise error from exc
         if isinstance(answer, JsonAnswer):
             flow.end(None)  # a streamed answer's relay ends the call
-            await meter.recorded()  # `metering.sync`: in the ledger before the caller has it
+            # what the call kept stored, and (`metering.sync`) its record, before the caller has it
+            await flow.recorded()
         else:
             answer.deadline = deadline
         return answer

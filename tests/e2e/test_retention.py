@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.metering.calllog import log_files, read_calls
+from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from tests.e2e.conftest import GatewayFactory, Upstreams
 from tests.e2e.test_reasoning_history import TURNS
 from tests.fakes.common import Reply
@@ -29,8 +30,10 @@ def test_many_task_ids_leave_bounded_state(
     shared = gateway.app.service._shared
     assert len(shared.history) <= 5
     assert len(shared.continuity) <= 5
-    assert gateway.app.reasoning.tasks_in_memory <= 5
-    assert len(gateway.app.reasoning._loading) == 0
+    store = gateway.app.reasoning
+    assert isinstance(store, ReasoningStore)
+    assert store.tasks_in_memory <= 5
+    assert len(store._loading) == 0
     # every task's reasoning is still on disk (the last lines may still be on their way)
     deadline = time.monotonic() + 10
     while len(list((gateway.data_dir / "tasks").iterdir())) < 40:

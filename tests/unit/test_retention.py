@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from pathlib import Path
 
 import orjson
@@ -14,9 +13,11 @@ from boundedcode_gateway import jsonl
 from boundedcode_gateway.config import RetentionSettings, parse_config
 from boundedcode_gateway.metering.calllog import log_files, read_calls, read_tail, rotated
 from boundedcode_gateway.metering.writer import MeterWriter
+from boundedcode_gateway.policy.history_diff import HistoryTracker
 from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store.store import ReasoningStore, remove_idle_folders
-from boundedcode_gateway.retention import DAY_S, FolderSweeper
+from boundedcode_gateway.retention import DAY_S, IdleTaskSweeper
+from boundedcode_gateway.state.backends import FileTaskState
 from tests.unit.test_metering import ledger_rows, make_record
 
 KIND = "reasoning_content"
@@ -51,7 +52,12 @@ async def test_the_sweeper_removes_idle_folders_at_start_and_then_daily(tmp_path
     loaded = await store.task("old")
     assert loaded.find(KIND, ["text:1"]) is not None
     clock = [NOW]
-    sweeper = FolderSweeper(store, task_days=30, wall_clock=lambda: clock[0], every_s=0.01)
+    sweeper = IdleTaskSweeper(
+        FileTaskState(store, HistoryTracker()),
+        task_days=30,
+        wall_clock=lambda: clock[0],
+        every_s=0.01,
+    )
     running = asyncio.ensure_future(sweeper.run())
     try:
         for _ in range(200):  # the pass at start
@@ -76,7 +82,7 @@ async def test_a_task_written_to_is_kept(tmp_path: Path) -> None:
     store = ReasoningStore(tmp_path, REASONING_FILES)
     task_folder(tmp_path / "tasks", "busy", 40)
     (await store.task("busy")).keep(KIND, ["text:2"], "local", "p", "new")
-    sweeper = FolderSweeper(store, task_days=30, wall_clock=time.time)
+    sweeper = IdleTaskSweeper(FileTaskState(store, HistoryTracker()), task_days=30)
     # the append is queued before the sweep on the same thread: the folder is written now
     assert await sweeper.sweep() == []
     store.close()

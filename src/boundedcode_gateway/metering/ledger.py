@@ -118,10 +118,12 @@ class Migration:
         return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
-def load_migrations(directory: str = MIGRATIONS_DIR) -> list[Migration]:
-    """All packaged migrations of one folder (SQLite's by default) in numeric order; two
-    files with one number is an error."""
-    folder = files(MIGRATIONS_PACKAGE).joinpath(directory)
+def load_migrations(
+    directory: str = MIGRATIONS_DIR, package: str = MIGRATIONS_PACKAGE
+) -> list[Migration]:
+    """All packaged migrations of one folder of ``package`` (the ledger's SQLite ones by
+    default) in numeric order; two files with one number is an error."""
+    folder = files(package).joinpath(directory)
     found: dict[int, Migration] = {}
     for entry in folder.iterdir():
         match = _MIGRATION_NAME.match(entry.name)

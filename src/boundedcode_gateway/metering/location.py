@@ -1,4 +1,5 @@
-"""Where the ledger lives: an SQLite file or a PostgreSQL database, as ``ledger:`` names it.
+"""Where the ledger lives: an SQLite file or a PostgreSQL database, as ``ledger:`` names it;
+and the PostgreSQL database ``state:`` names (the same URL form).
 
 Owns the URL forms and how a PostgreSQL URL is shown in messages (never with its
 password); it must not connect.
@@ -18,7 +19,8 @@ _SECRET_PARAMS = frozenset({"password"})
 
 @dataclass(frozen=True, slots=True)
 class PostgresLocation:
-    """A PostgreSQL ledger: the URL asyncpg connects with (``postgresql://`` or ``postgres://``).
+    """A PostgreSQL database (the ledger's, or the task state's): the URL asyncpg connects with
+    (``postgresql://`` or ``postgres://``).
 
     ``str()`` and ``repr()`` show ``display``, so the password never reaches a log line.
     """
@@ -72,18 +74,30 @@ def parse_ledger_url(url: str) -> LedgerLocation:
         if not path:
             raise ValueError("sqlite:/// needs a file path after it")
         return Path(path)
-    scheme, sep, _ = url.partition("://")
-    if sep and scheme.lower() in POSTGRES_SCHEMES:
-        try:
-            parts = urlsplit(url)
-            parts.port  # noqa: B018 — a port that is not a number raises here
-        except ValueError as exc:
-            shown = PostgresLocation(url)
-            raise ValueError(f"{shown.scrub(str(exc))} in {shown.display}") from None
-        return PostgresLocation(url)
+    if is_postgres_url(url):
+        return parse_postgres_url(url)
     raise ValueError(
         "must be a sqlite:///PATH or a postgresql://user@host:port/db URL (postgres:// also)"
     )
+
+
+def is_postgres_url(url: str) -> bool:
+    scheme, sep, _ = url.partition("://")
+    return bool(sep) and scheme.lower() in POSTGRES_SCHEMES
+
+
+def parse_postgres_url(url: str) -> PostgresLocation:
+    """``postgresql://…`` or ``postgres://…`` → the database; anything else, or a port that
+    is not a number, is a ValueError (the configuration's message, without the password)."""
+    if not is_postgres_url(url):
+        raise ValueError("must be a postgresql://user@host:port/db URL (postgres:// also)")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 — a port that is not a number raises here
+    except ValueError as exc:
+        shown = PostgresLocation(url)
+        raise ValueError(f"{shown.scrub(str(exc))} in {shown.display}") from None
+    return PostgresLocation(url)
 
 
 def describe(location: LedgerLocation) -> str:

@@ -1,7 +1,8 @@
 """The SQL ledger in PostgreSQL: the ``model_calls`` table through asyncpg, and its migrations.
 
 Owns the connection, the PostgreSQL migrations (``migrations/postgresql/``, applied under
-an advisory lock) and this dialect's SQL text (the ``$n`` parameters stay in this file).
+an advisory lock, as ``apply_migrations`` also applies the task state's) and this dialect's
+SQL text (the ``$n`` parameters stay in this file).
 ``PostgresLedger`` has the SQLite ``Ledger``'s blocking methods: each drives asyncpg on an
 event loop of the ledger's own, in the one thread that uses it (the meter writer's, or a
 command's); it must not be called from a thread whose event loop is running. ``prepare``
@@ -51,10 +52,16 @@ CONNECT_TIMEOUT_S = 5.0
 COMMAND_TIMEOUT_S = 10.0
 # how long closing a connection may take before it is dropped without a goodbye
 CLOSE_TIMEOUT_S = 2.0
-# The advisory lock migrations are applied under: one key, the same in every gateway.
-MIGRATION_LOCK_KEY = int.from_bytes(
-    hashlib.sha256(b"boundedcode_gateway.model_calls").digest()[:8], "big", signed=True
-)
+
+
+def advisory_lock_key(name: str) -> int:
+    """The advisory lock key of ``name``: the same in every gateway."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
+# The advisory lock the ledger's migrations are applied under, and where they are recorded.
+MIGRATION_LOCK_KEY = advisory_lock_key("boundedcode_gateway.model_calls")
+MIGRATIONS_TABLE = "schema_migrations"
 
 TABLE = "model_calls"
 _COLUMNS = ", ".join(LEDGER_FIELDS)
@@ -62,14 +69,13 @@ _ROW = attrgetter(*LEDGER_FIELDS)  # a record's ledger values, in column order
 _PLACEHOLDERS = ", ".join(f"${i}" for i in range(1, len(LEDGER_FIELDS) + 1))
 
 LOCK_MIGRATIONS_SQL = "SELECT pg_advisory_xact_lock($1)"
-CREATE_SCHEMA_MIGRATIONS_SQL = (
-    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+# the table a set of migrations is recorded in: {table}, a name of the code's own
+CREATE_MIGRATIONS_SQL = (
+    "CREATE TABLE IF NOT EXISTS {table} ("
     "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
 )
-SELECT_MIGRATIONS_SQL = "SELECT version FROM schema_migrations"
-INSERT_MIGRATION_SQL = (
-    "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)"
-)
+SELECT_MIGRATIONS_SQL = "SELECT version FROM {table}"
+INSERT_MIGRATION_SQL = "INSERT INTO {table} (version, name, applied_at) VALUES ($1, $2, $3)"
 INSERT_CALL_SQL = f"INSERT INTO {TABLE} ({_COLUMNS}) VALUES ({_PLACEHOLDERS})"
 SELECT_CALL_SQL = f"SELECT {_COLUMNS} FROM {TABLE} WHERE call_id = $1"
 # seq breaks ties between calls started in the same millisecond: insertion order.
@@ -124,21 +130,27 @@ async def connect(location: PostgresLocation, read_only: bool = False) -> asyncp
 
 
 async def migrate(conn: asyncpg.Connection, migrations: Sequence[Migration] | None = None) -> None:
-    """Apply the migrations not yet recorded in ``schema_migrations``, in order, in one
-    transaction, under the advisory lock: a second gateway starting at once waits for it,
-    then finds them applied."""
+    """Apply the ledger's migrations not yet recorded in ``schema_migrations``."""
     pending = load_pg_migrations() if migrations is None else migrations
+    await apply_migrations(conn, pending, MIGRATIONS_TABLE, MIGRATION_LOCK_KEY)
+
+
+async def apply_migrations(
+    conn: asyncpg.Connection, migrations: Sequence[Migration], table: str, lock_key: int
+) -> None:
+    """Apply the migrations not yet recorded in ``table``, in order, in one transaction,
+    under the advisory lock ``lock_key``: a second gateway starting at once waits for it,
+    then finds them applied."""
     async with conn.transaction():
-        await conn.execute(LOCK_MIGRATIONS_SQL, MIGRATION_LOCK_KEY)
-        await conn.execute(CREATE_SCHEMA_MIGRATIONS_SQL)
-        applied = {row[0] for row in await conn.fetch(SELECT_MIGRATIONS_SQL)}
-        for migration in pending:
+        await conn.execute(LOCK_MIGRATIONS_SQL, lock_key)
+        await conn.execute(CREATE_MIGRATIONS_SQL.format(table=table))
+        applied = {row[0] for row in await conn.fetch(SELECT_MIGRATIONS_SQL.format(table=table))}
+        insert = INSERT_MIGRATION_SQL.format(table=table)
+        for migration in migrations:
             if migration.version in applied:
                 continue
             await conn.execute(migration.sql)
-            await conn.execute(
-                INSERT_MIGRATION_SQL, migration.version, migration.name, utc_now_iso()
-            )
+            await conn.execute(insert, migration.version, migration.name, utc_now_iso())
 
 
 async def prepare(location: PostgresLocation) -> None:

@@ -14,7 +14,7 @@ an error code or resend cause one of the first ``MAX_CODES`` seen (then
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client import (
@@ -69,6 +69,18 @@ class RouteTable(Protocol):
         ...
 
 
+class StateHealth(Protocol):
+    """What the metrics read of a state database (``state:``)."""
+
+    @property
+    def up(self) -> bool: ...
+
+    @property
+    def unavailable(self) -> Mapping[str, int]:
+        """Operations that went without the database, by operation."""
+        ...
+
+
 class _Series:
     """The metric children of one (model, purpose), made once: ``labels()`` is not free."""
 
@@ -88,7 +100,11 @@ class GatewayMetrics:
     process) and the observer that counts each call's record into it."""
 
     def __init__(
-        self, routes: RouteTable, writer: MeterWriter, events: CallEvents | None = None
+        self,
+        routes: RouteTable,
+        writer: MeterWriter,
+        events: CallEvents | None = None,
+        state: StateHealth | None = None,
     ) -> None:
         self._routes = routes
         self.registry = CollectorRegistry()
@@ -143,7 +159,7 @@ class GatewayMetrics:
             ["result"],
             registry=r,
         )
-        r.register(_StateCollector(routes, writer, events))
+        r.register(_StateCollector(routes, writer, events, state))
         self._series: dict[tuple[str, str], _Series] = {}
         self._codes: set[str] = set()
 
@@ -200,12 +216,19 @@ class GatewayMetrics:
 
 class _StateCollector(Collector):
     """What is read when scraped: calls in flight, managed-server restarts, the metering
-    queue and its losses, the ledger's buffer."""
+    queue and its losses, the ledger's buffer, a state database's health."""
 
-    def __init__(self, routes: RouteTable, writer: MeterWriter, events: CallEvents | None) -> None:
+    def __init__(
+        self,
+        routes: RouteTable,
+        writer: MeterWriter,
+        events: CallEvents | None,
+        state: StateHealth | None,
+    ) -> None:
         self._routes = routes
         self._writer = writer
         self._events = events
+        self._state = state
 
     def collect(self) -> Iterable[Metric]:
         in_flight = GaugeMetricFamily(
@@ -263,6 +286,22 @@ class _StateCollector(Collector):
             "Call records the ledger lost while it was away: the oldest, its buffer full",
             value=w.ledger_dropped,
         )
+        state = self._state
+        if state is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_state_database_up",
+                "1 while the state database (state:) answers, 0 from a failure until it answers",
+                value=1 if state.up else 0,
+            )
+            unavailable = CounterMetricFamily(
+                f"{PREFIX}_state_unavailable_operations",
+                "Operations of calls that went without the state database (failed, or not "
+                "tried during an outage): read_reasoning, write_reasoning, history, sweep",
+                labels=["operation"],
+            )
+            for operation, count in state.unavailable.items():
+                unavailable.add_metric([operation], count)
+            yield unavailable
         events = self._events
         if events is not None:
             yield GaugeMetricFamily(

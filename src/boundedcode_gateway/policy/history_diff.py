@@ -2,15 +2,19 @@
 
 The call log's ``changed`` field: for each (task, purpose) the gateway keeps
 one digest per message of the last request, and compares the next one to it.
-Pure apart from that bounded in-memory table; it must not do I/O.
+Pure apart from that bounded in-memory table; it must not do I/O. ``History`` is
+what the call flow sees of it; a PostgreSQL database several gateways share keeps
+the same table in ``state/pg_history.py``, with the stable digests below.
 """
 
 from __future__ import annotations
 
+import hashlib
+import sys
 import time
 from array import array
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -39,6 +43,44 @@ def first_changed(previous: Sequence[int], current: Sequence[int]) -> int:
         if i >= len(current) or current[i] != old:
             return i
     return GREW_ONLY
+
+
+def stable_digest(message: Any) -> int:
+    """``message_digest``'s value for a table other processes read too: a 64-bit BLAKE2b of
+    the same bytes, the same in every process (``hash`` is keyed per process)."""
+    canonical = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+    return int.from_bytes(hashlib.blake2b(canonical, digest_size=8).digest(), "little", signed=True)
+
+
+def pack_digests(digests: array[int]) -> bytes:
+    """Signed 64-bit little-endian, 8 bytes a message, whatever this machine's byte order."""
+    if sys.byteorder == "big":
+        digests = array("q", digests)
+        digests.byteswap()
+    return digests.tobytes()
+
+
+def unpack_digests(packed: bytes) -> array[int]:
+    """``pack_digests`` undone; a trailing part of fewer than 8 bytes is left out."""
+    digests = array("q")
+    digests.frombytes(packed[: len(packed) - len(packed) % 8])
+    if sys.byteorder == "big":
+        digests.byteswap()
+    return digests
+
+
+class History(Protocol):
+    """The table behind ``changed``, whichever backend keeps it."""
+
+    def __len__(self) -> int:
+        """The (task, purpose) pairs held in this process's memory."""
+        ...
+
+    async def changed(self, task: str, purpose: str, messages: Sequence[Any]) -> int | None:
+        """Record this request's messages and return ``changed`` for it; None when it
+        cannot be known (the table could not be read). A message that cannot be encoded
+        raises ``TypeError`` (a body nested too deep)."""
+        ...
 
 
 # the digests kept over all (task, purpose) pairs: 8 bytes each, 32 MiB in all
@@ -74,3 +116,7 @@ class HistoryTracker:
         if previous is None:
             return GREW_ONLY
         return first_changed(previous, digests)
+
+    async def changed(self, task: str, purpose: str, messages: Sequence[Any]) -> int:
+        """``observe``, as ``History`` has it."""
+        return self.observe(task, purpose, messages)

@@ -17,7 +17,7 @@ from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.llama_server.cache_keeper import CacheServer
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.policy.structured import RequestedSchema
-from boundedcode_gateway.reasoning_store.store import TaskReasoning
+from boundedcode_gateway.reasoning_store.backend import CallReasoning
 from boundedcode_gateway.upstream.capabilities import Capabilities
 from boundedcode_gateway.upstream.metrics import CallMetrics
 
@@ -51,7 +51,7 @@ class ChatCall:
     # the JSON schema the caller asked for (``response_format``), if any
     schema: RequestedSchema | None
     # the task's stored reasoning, where earlier turns are looked up
-    reasoning: TaskReasoning
+    reasoning: CallReasoning
     call_id: str
 
 

@@ -7,6 +7,9 @@ for llama.cpp's reasoning text),
 so a resumed run and a restarted gateway keep them. A partial last line from a
 crash is skipped. Appends go through one background thread, so lines of
 concurrent calls never interleave and the request path never waits on disk.
+
+This is the backend of a gateway without ``state:``; ``backend.py`` says what every
+backend offers.
 """
 
 from __future__ import annotations
@@ -198,6 +201,15 @@ class ReasoningStore:
             self._items.grow(task, len(line))
         self._running_appender().append(self._path(task, item.kind), line)
 
+    @property
+    def where(self) -> str:
+        """Where the tasks' state is, for messages."""
+        return str(self.tasks_dir)
+
+    async def aclose(self) -> None:
+        """``close``, off the event loop."""
+        await asyncio.to_thread(self.close)
+
     async def remove_folders_idle_since(self, cutoff: float) -> list[str]:
         """Remove the task folders nothing was written to since ``cutoff`` (a ``time.time()``),
         and forget those tasks; the tasks removed. Runs on the appender's thread, so no
@@ -273,3 +285,7 @@ class TaskReasoning:
         for key in keys:
             item = ReasoningItem(kind, key, provider, profile, data)
             self._store.put(self.task, item, self._items)
+
+    async def saved(self) -> None:
+        """At once: only this process reads the task's files, and it holds the items in
+        memory until their lines are written (``ReasoningStore.task`` waits for them)."""
