@@ -122,6 +122,20 @@ class ModelNotFound(GatewayError):
     default_code = "model_not_found"
 
 
+class NotFound(GatewayError):
+    """A path the gateway does not serve (or one turned off)."""
+
+    status = 404
+    error_type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    error_type = "invalid_request_error"
+    default_code = "method_not_allowed"
+
+
 class BodyTooLarge(GatewayError):
     status = 413
     error_type = "invalid_request_error"

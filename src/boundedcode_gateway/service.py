@@ -105,10 +105,12 @@ class GatewayService:
             route.enter()
             on_submit = route.leave
         price = self.live.price_of(model)
+        meter = Meter(self._writer, ctx, model, len(body["messages"]), price, on_submit)
         if self._events is not None:
             stream = body.get("stream") is True
-            self._events.started(ctx.call_id, ctx.task, ctx.purpose, clip(model), stream)
-        meter = Meter(self._writer, ctx, model, len(body["messages"]), price, on_submit)
+            # the name as the record keeps it: clipped once, by the meter
+            shown = meter.record.model_profile
+            self._events.started(ctx.call_id, ctx.task, ctx.purpose, shown, stream)
         flow: CallFlow | None = None
         deadline = self._deadline(ctx)
         timeout: asyncio.Timeout | None = None

@@ -24,6 +24,7 @@ from boundedcode_gateway.metering.pg_ledger import load_pg_migrations
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.operations.metrics import PREFIX, GatewayMetrics
 from tests.fakes.tcp_proxy import TcpProxy
+from tests.lifespan import startup_report
 from tests.postgres.test_pg_ledger import closed_port, stored_ids
 from tests.postgres_db import SERVER_PORT, PgDatabase
 from tests.unit.test_metering import log_lines, make_record
@@ -231,20 +232,7 @@ async def test_a_database_that_cannot_be_reached_stops_the_start(
 
 async def test_the_lifespan_reports_the_failed_start(pg: PgDatabase, tmp_path: Path) -> None:
     app = gateway(pg.url_at(closed_port(), password="s3cret-pw"), tmp_path)
-    sent: list[dict[str, Any]] = []
-    messages = iter([{"type": "lifespan.startup"}])
-
-    async def receive() -> dict[str, Any]:
-        return next(messages)
-
-    async def send(message: Any) -> None:
-        sent.append(message)
-
-    try:
-        await app({"type": "lifespan"}, receive, send)
-    finally:
-        await app.shutdown()
-    [failed] = sent
+    failed = await startup_report(app)
     assert failed["type"] == "lifespan.startup.failed"
     assert "cannot open the ledger postgresql://postgres@127.0.0.1:" in failed["message"]
     assert "s3cret-pw" not in failed["message"]

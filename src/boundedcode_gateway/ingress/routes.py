@@ -25,7 +25,9 @@ from boundedcode_gateway.errors import (
     Forbidden,
     GatewayError,
     InvalidRequest,
+    MethodNotAllowed,
     ModelNotFound,
+    NotFound,
     internal_error,
 )
 from boundedcode_gateway.ingress.body import BodyParser
@@ -61,18 +63,6 @@ OPERATIONS_PATHS = frozenset({"/metrics", "/ready"})
 HEALTH_PATHS = frozenset({"/health", "/v1/health"})
 TASK_HEADER = b"x-boundedcode-task"
 PURPOSE_HEADER = b"x-boundedcode-purpose"
-
-
-class NotFound(GatewayError):
-    status = 404
-    error_type = "invalid_request_error"
-    default_code = "not_found"
-
-
-class MethodNotAllowed(GatewayError):
-    status = 405
-    error_type = "invalid_request_error"
-    default_code = "method_not_allowed"
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:

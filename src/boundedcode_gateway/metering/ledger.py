@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, fields
 from importlib.resources import files
@@ -23,9 +23,7 @@ from boundedcode_gateway.metering.ledger_queries import (
     CallFilter,
     calls_page,
     calls_query,
-    misses_query,
-    task_summaries,
-    tasks_query,
+    tasks_from,
 )
 from boundedcode_gateway.metering.records import LEDGER_FIELDS, CallRecord, Rejected
 
@@ -102,6 +100,24 @@ _ROW_ERRORS = (OverflowError, ValueError, TypeError, sqlite3.IntegrityError, sql
 _BOOL_FIELDS = frozenset(
     f.name for f in fields(CallRecord) if f.type in ("bool", bool, "bool | None")
 )
+
+
+def holder_totals(rows: Iterable[Sequence[Any]]) -> list[HolderTotals]:
+    """The spending query's rows (``SELECT_SPENDING_SQL``), as numbers of their kind
+    whatever the database summed them as."""
+    return [
+        HolderTotals(
+            kind,
+            name,
+            float(cost),
+            int(tokens),
+            int(evaluated),
+            float(day_cost),
+            int(day_tokens),
+            int(day_evaluated),
+        )
+        for kind, name, cost, tokens, evaluated, day_cost, day_tokens, day_evaluated in rows
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,34 +241,13 @@ class Ledger:
     def tasks(self, search: str | None, limit: int) -> list[dict[str, Any]]:
         """Per task its sums and misses, the tasks with the latest calls first."""
         conn = self._connection()
-        sql, params = tasks_query(search, limit)
-        rows = conn.execute(sql, params).fetchall()
-        miss_rows = []
-        if rows:
-            sql, params = misses_query([row[0] for row in rows])
-            miss_rows = conn.execute(sql, params).fetchall()
-        return task_summaries(rows, miss_rows)
+        return tasks_from(lambda sql, params: conn.execute(sql, params).fetchall(), search, limit)
 
     def spending(self, day_start: str, day_end: str) -> list[HolderTotals]:
         """Each caller's and task's spending, in all and from ``day_start`` up to
         ``day_end`` (``YYYY-MM-DD``, compared with ``started_at``)."""
-        conn = self._connection()
         params = (day_start, day_end) * SPENDING_DAY_PARAMS
-        return [
-            HolderTotals(
-                kind,
-                name,
-                float(cost),
-                int(tokens),
-                int(evaluated),
-                float(day_cost),
-                int(day_tokens),
-                int(day_evaluated),
-            )
-            for kind, name, cost, tokens, evaluated, day_cost, day_tokens, day_evaluated in (
-                conn.execute(SELECT_SPENDING_SQL, params).fetchall()
-            )
-        ]
+        return holder_totals(self._connection().execute(SELECT_SPENDING_SQL, params).fetchall())
 
     def close(self) -> None:
         """Close the connection; closing twice is harmless."""

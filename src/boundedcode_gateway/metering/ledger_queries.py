@@ -9,6 +9,7 @@ offset, so calls recorded while a viewer pages do not shift the next page.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,6 +148,24 @@ def calls_page(
     del rows[f.limit :]
     last = rows[-1]
     return rows, (last["started_at"], last["call_id"])
+
+
+# runs one statement (``?`` paramstyle) with its parameters and returns its rows
+Fetch = Callable[[str, list[Any]], Sequence[Sequence[Any]]]
+
+
+def tasks_from(
+    fetch: Fetch, search: str | None, limit: int, like: str = "LIKE"
+) -> list[dict[str, Any]]:
+    """Per task its sums and misses, the tasks with the latest calls first: the two
+    statements, run by ``fetch`` on whichever database holds the ledger."""
+    sql, params = tasks_query(search, limit, like)
+    rows = [tuple(row) for row in fetch(sql, params)]
+    miss_rows: list[tuple[Any, ...]] = []
+    if rows:
+        sql, params = misses_query([row[0] for row in rows])
+        miss_rows = [tuple(row) for row in fetch(sql, params)]
+    return task_summaries(rows, miss_rows)
 
 
 def task_summaries(

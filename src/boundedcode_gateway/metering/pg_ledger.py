@@ -25,6 +25,7 @@ from boundedcode_gateway.metering.ledger import (
     SPENDING_DAY_PARAMS,
     HolderTotals,
     Migration,
+    holder_totals,
     load_migrations,
 )
 from boundedcode_gateway.metering.ledger import (
@@ -34,10 +35,8 @@ from boundedcode_gateway.metering.ledger_queries import (
     CallFilter,
     calls_page,
     calls_query,
-    misses_query,
     numbered,
-    task_summaries,
-    tasks_query,
+    tasks_from,
 )
 from boundedcode_gateway.metering.location import PostgresLocation
 from boundedcode_gateway.metering.records import LEDGER_FIELDS, CallRecord, Rejected
@@ -273,32 +272,17 @@ class PostgresLedger:
     def tasks(self, search: str | None, limit: int) -> list[dict[str, Any]]:
         """Per task its sums and misses, the tasks with the latest calls first."""
         conn = self._connection()
-        sql, params = tasks_query(search, limit, like="ILIKE")
-        rows = [tuple(row) for row in self._run(conn.fetch(numbered(sql), *params))]
-        miss_rows: list[tuple[Any, ...]] = []
-        if rows:
-            sql, params = misses_query([row[0] for row in rows])
-            miss_rows = [tuple(row) for row in self._run(conn.fetch(numbered(sql), *params))]
-        return task_summaries(rows, miss_rows)
+
+        def fetch(sql: str, params: list[Any]) -> list[Any]:
+            return list(self._run(conn.fetch(numbered(sql), *params)))
+
+        return tasks_from(fetch, search, limit, like="ILIKE")
 
     def spending(self, day_start: str, day_end: str) -> list[HolderTotals]:
         """Each caller's and task's spending, in all and from ``day_start`` up to
         ``day_end`` (``YYYY-MM-DD``, compared with ``started_at``)."""
         params = (day_start, day_end) * SPENDING_DAY_PARAMS
-        rows = self._run(self._connection().fetch(SELECT_SPENDING_SQL, *params))
-        return [
-            HolderTotals(
-                kind,
-                name,
-                float(cost),
-                int(tokens),
-                int(evaluated),
-                float(day_cost),
-                int(day_tokens),
-                int(day_evaluated),
-            )
-            for kind, name, cost, tokens, evaluated, day_cost, day_tokens, day_evaluated in rows
-        ]
+        return holder_totals(self._run(self._connection().fetch(SELECT_SPENDING_SQL, *params)))
 
     def close(self) -> None:
         """Close the connection and the ledger's event loop; closing twice is harmless."""

@@ -21,11 +21,12 @@ import orjson
 
 from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.access.sites import is_loopback
-from boundedcode_gateway.errors import Forbidden, GatewayError
+from boundedcode_gateway.errors import Forbidden, GatewayError, MethodNotAllowed, NotFound
 from boundedcode_gateway.ingress.render import Receive, Send, send_body, send_json
 from boundedcode_gateway.metering.ledgers import LedgerStore, ledger_at, ledger_exists
 from boundedcode_gateway.metering.location import LedgerLocation
 from boundedcode_gateway.metering.records import CALL_LOG_ONLY
+from boundedcode_gateway.providers.base import Upstream
 from boundedcode_gateway.service import GatewayService
 from boundedcode_gateway.ui.events import CallEvents, Viewer
 from boundedcode_gateway.ui.queries import call_filter, page_cursor, task_search
@@ -65,12 +66,6 @@ _EVENT_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
-
-
-class NotFound(GatewayError):
-    status = 404
-    error_type = "invalid_request_error"
-    default_code = "not_found"
 
 
 class UiRoutes:
@@ -115,7 +110,7 @@ class UiRoutes:
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         if scope["method"] != "GET":
-            raise _method_not_allowed(path)
+            raise MethodNotAllowed(f"Use GET for {path[:200]}")
         if path == UI_PREFIX:
             await send(
                 {
@@ -252,7 +247,7 @@ class UiRoutes:
         await send({"type": "http.response.body", "body": body, "more_body": True})
 
 
-async def _model(name: str, upstream: Any) -> dict[str, Any]:
+async def _model(name: str, upstream: Upstream) -> dict[str, Any]:
     """One profile as the models view shows it: what it is, can do, and runs on."""
     try:
         caps: dict[str, Any] | None = (await upstream.capabilities()).to_json()
@@ -282,10 +277,6 @@ def _ask_ledger(location: LedgerLocation, question: Callable[[LedgerStore], T]) 
 async def _until_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-def _method_not_allowed(path: str) -> GatewayError:
-    return GatewayError(f"Use GET for {path[:200]}", code="method_not_allowed", status=405)
 
 
 def _static_files() -> dict[str, tuple[bytes, bytes]]:
