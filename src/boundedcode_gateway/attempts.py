@@ -2,7 +2,9 @@
 
 Owns the attempt count and the per-attempt log of a call, and the one rule for
 an answer that broke off (streamed, or a whole body cut short): it is sent once
-more, and a second break is final. The retry decisions themselves are in
+more, and a second break is final. A call to a server of a pool whose server is
+found down, when it could not be reached or its answer broke off, goes once to
+another server first (``failover``). The retry decisions themselves are in
 ``policy/retry.py``.
 """
 
@@ -15,7 +17,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from boundedcode_gateway.errors import GatewayError, MalformedResponse, ResponseTooLarge
+from boundedcode_gateway.errors import (
+    GatewayError,
+    MalformedResponse,
+    ResponseTooLarge,
+    UpstreamUnavailable,
+)
 from boundedcode_gateway.policy.retry import decide, retry_after_s
 from boundedcode_gateway.providers.base import PreparedRequest, Upstream
 from boundedcode_gateway.upstream.http import HttpClient, UpstreamResponse, read_body
@@ -68,8 +75,11 @@ class Attempts:
         other._started = self._started
         return other
 
-    def resend_after_break(self) -> bool:
-        """Whether an answer that broke off is sent again (once); the call is then retried."""
+    async def resend_after_break(self) -> bool:
+        """Whether an answer that broke off is sent again: to another server if its own is
+        down (once), else to the same (once); the call is then retried."""
+        if await self._failed_over():
+            return True
         if self._resends >= BROKEN_ANSWER_RESENDS:
             return False
         self._resends += 1
@@ -94,6 +104,9 @@ class Attempts:
                     "POST", p.url, p.headers, p.body, resend_safe=p.resend_safe
                 )
             except GatewayError as exc:
+                if isinstance(exc, UpstreamUnavailable) and await self._failed_over():
+                    self.log(exc.http_status, exc.code)
+                    continue
                 await self.again_or_raise(exc)
                 continue
             if resp.status == 200:
@@ -115,6 +128,18 @@ class Attempts:
                 raise
             error = self._upstream.error_from_response(resp.status, raw, resp.headers)
             await self.again_or_raise(error, resp.headers)
+
+    async def _failed_over(self) -> bool:
+        """Whether the request now goes to another server of the pool, its own being down."""
+        p = self._prepared
+        if p.server is None:
+            return False
+        url = await p.server.moved_url(p.url)
+        if url is None:
+            return False
+        p.url = url
+        self._log.retried = True
+        return True
 
     async def again_or_raise(
         self, error: GatewayError, headers: Mapping[str, str] | None = None

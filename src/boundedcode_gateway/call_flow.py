@@ -11,6 +11,7 @@ place a call's fields are written.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -29,9 +30,11 @@ from boundedcode_gateway.errors import (
 )
 from boundedcode_gateway.json_values import raise_if_too_deep
 from boundedcode_gateway.llama_server.cache_keeper import AnsweredCall, CacheKeeper
+from boundedcode_gateway.llama_server.pool import ServerLease
 from boundedcode_gateway.metering.meter import Meter, derived_ttft
 from boundedcode_gateway.policy import structured
 from boundedcode_gateway.policy.cache_misses import (
+    NOT_A_MISS,
     ContinuityTable,
     MissReport,
     PreviousCall,
@@ -50,6 +53,10 @@ from boundedcode_gateway.upstream.http import HttpClient, read_body
 from boundedcode_gateway.upstream.metrics import CallMetrics
 
 log = logging.getLogger(__name__)
+
+# a call that left its conversation's server and still found its prompt cached (or had
+# nothing to find) missed nothing
+MOVED_NOT_MISSED = frozenset({NOT_A_MISS, "first_call"})
 
 
 @dataclass(slots=True)
@@ -145,6 +152,7 @@ class CallFlow:
         self._caller_body = body
         self._previous: PreviousCall | None = None
         self._reasoning: CallReasoning | None = None  # the task's, once the call is built
+        self._server: ServerLease | None = None  # a local call's, once the call is built
         self._sent = b""  # the request the answer came from (the last one sent)
         # what the steps found, for the record
         self._log = AttemptLog()
@@ -189,7 +197,8 @@ class CallFlow:
         if self._keeper is not None:
             conversation = (ctx.task, ctx.purpose, upstream.name)
             self._previous = self._shared.continuity.previous(conversation)
-        return ChatCall(body, options, caps, schema, task_reasoning, ctx.call_id)
+        server = self._server = upstream.server_lease(ctx.task, ctx.purpose)
+        return ChatCall(body, options, caps, schema, task_reasoning, ctx.call_id, server)
 
     # -- sending
 
@@ -268,7 +277,7 @@ class CallFlow:
                 raw = await read_body(resp)
             except StreamBroken as exc:
                 attempts.log(exc.http_status, exc.code)
-                if not attempts.resend_after_break():
+                if not await attempts.resend_after_break():
                     raise
                 continue
             except GatewayError as exc:  # an answer past the limits
@@ -310,6 +319,8 @@ class CallFlow:
                 log.warning(
                     "model %s: the reply does not match the schema it was sent", upstream.name
                 )
+        if call.server is not None:
+            call.server.answered(metrics)
         if self._keeper is not None:
             self._follow_cache(self._keeper, call, metrics)
 
@@ -317,11 +328,21 @@ class CallFlow:
         """Name this call's cache miss, remember it for the next call of its conversation,
         and hand the answer to the keeper."""
         ctx, profile = self._meter.ctx, self._upstream.name
-        self._miss = classify(
-            self._previous, metrics.prompt_tokens, metrics.cached_tokens, self._changed
-        )
+        miss = classify(self._previous, metrics.prompt_tokens, metrics.cached_tokens, self._changed)
+        server = call.server
+        moved = server.moved if server is not None else None
+        if miss is not None and moved is not None and miss.cause not in MOVED_NOT_MISSED:
+            # the server that held the conversation was left: nothing else explains it
+            miss = dataclasses.replace(miss, cause=moved, at=None)
+        self._miss = miss
+        root = server.current_root() if server is not None else None
         answer = metrics.answer_message
-        if metrics.prompt_tokens is None or metrics.completion_tokens is None or answer is None:
+        if (
+            metrics.prompt_tokens is None
+            or metrics.completion_tokens is None
+            or answer is None
+            or root is None
+        ):
             return
         now = PreviousCall(
             metrics.prompt_tokens, metrics.completion_tokens, len(call.body["messages"])
@@ -336,6 +357,8 @@ class CallFlow:
                 ctx.task,
                 ctx.purpose,
                 profile,
+                root,
+                server.server if server is not None else None,
                 self._sent,
                 answer,
                 had_reasoning,
@@ -360,6 +383,8 @@ class CallFlow:
             return
         self._ended = True
         self._fill()
+        if self._server is not None:
+            self._server.release()
         if cancelled:
             self._meter.cancelled()
         elif error is None:
@@ -384,6 +409,7 @@ class CallFlow:
         r.attempts = self._log.count
         r.attempt_log = self._log.entries
         r.retried = self._log.retried
+        r.server = self._server.server if self._server is not None else None
         r.structured_output = self._structured_output
         r.schema_valid = self._schema_valid
         r.adjustments = self._adjustments

@@ -219,7 +219,7 @@ class StreamRelay:
 
     async def _resend_after_break(self) -> bool:
         """Reopen if the attempts allow a resend after a break (False when they do not)."""
-        if not self._attempts.resend_after_break():
+        if not await self._attempts.resend_after_break():
             return False
         await self._connect()
         return True

@@ -104,7 +104,11 @@ def test_stop_signal_lets_in_flight_calls_finish_and_be_recorded(
         ]
         for t in threads:
             t.start()
-        time.sleep(0.5)
+        # both calls in flight at the upstream (on a busy machine the threads take a while)
+        deadline = time.monotonic() + 15
+        while len(fake.requests.bodies("/v1/chat/completions")) < 2:
+            assert time.monotonic() < deadline, "the two calls did not reach the upstream"
+            time.sleep(0.02)
         proc.send_signal(sig)
         for t in threads:
             t.join(20)

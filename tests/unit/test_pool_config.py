@@ -8,8 +8,6 @@ import pytest
 from boundedcode_gateway.cli.llama_server import command_for
 from boundedcode_gateway.config import ModelProfile, PoolServer, ServerSettings, parse_config
 from boundedcode_gateway.errors import ConfigError
-from boundedcode_gateway.providers.openai_compat.adapter import OpenAICompatUpstream
-from boundedcode_gateway.upstream.http import HttpClient, Timeouts
 
 
 def _profile(body: str) -> ModelProfile:
@@ -225,14 +223,9 @@ def test_each_mistake_names_its_key_line_and_remedy(body: str, expected: str) ->
     assert str(info.value).startswith(expected), str(info.value)
 
 
-def test_pools_load_but_are_refused_where_calls_would_be_served() -> None:
+def test_the_command_of_one_replica_is_not_printed() -> None:
     config = parse_config(
         "models:\n  l:\n    provider: local\n    model_path: /m.gguf\n    replicas: 2\n"
-        "  s:\n    provider: local\n    servers: [{external_url: http://127.0.0.1:1}]\n"
     )
-    http = HttpClient(Timeouts(1.0, 1.0))
-    for name in ("l", "s"):
-        with pytest.raises(ConfigError, match=rf"models\.{name}: 'servers' and 'replicas' are not"):
-            OpenAICompatUpstream(name, config.models[name], config, http)
-    with pytest.raises(ConfigError, match=r"models\.l: 'replicas' are not run yet"):
+    with pytest.raises(ConfigError, match=r"models\.l: 'replicas' runs several servers"):
         command_for(config, "l", 8081)

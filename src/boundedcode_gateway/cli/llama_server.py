@@ -23,7 +23,10 @@ def command_for(config: GatewayConfig, name: str, port: int) -> ServerCommand:
     if not profile.model_path:
         raise ConfigError(f"models.{name}: not a managed server (it has no 'model_path')")
     if profile.replicas is not None:
-        raise ConfigError(f"models.{name}: 'replicas' are not run yet (docs/scaling.md)")
+        raise ConfigError(
+            f"models.{name}: 'replicas' runs several servers, each on a port the gateway "
+            "chooses; this prints the command of a profile of one server"
+        )
     model = resolve_model_path(profile.model_path, f"models.{name}.model_path")
     binary = find_llama_server(config.llama_server_bin)
     settings = resolve_server_files(profile.server or ServerSettings(), f"models.{name}.server")

@@ -167,7 +167,8 @@ class Router:
             elif path == "/v1/models":
                 await send_json(send, 200, orjson.dumps(await self._models(caller)))
             elif path.startswith("/v1/models/"):
-                await send_json(send, 200, orjson.dumps(await self._model(path[11:], caller)))
+                model = await self._model(path[11:], caller, with_servers=True)
+                await send_json(send, 200, orjson.dumps(model))
             else:
                 raise NotFound(f"Unknown path: {method} {path}")
         except BodyTooLarge as exc:
@@ -194,7 +195,11 @@ class Router:
         names = [n for n in self.service.upstreams if caller is None or caller.may_use(n)]
         return {"object": "list", "data": [await self._model(n, caller) for n in names]}
 
-    async def _model(self, name: str, caller: Caller | None) -> dict[str, Any]:
+    async def _model(
+        self, name: str, caller: Caller | None, with_servers: bool = False
+    ) -> dict[str, Any]:
+        """A profile as OpenAI's model object, with its capabilities; ``with_servers``: and
+        a local profile's servers with their state (one model asked for by name)."""
         upstream = self.service.upstreams.get(name)
         # a model the caller may not use is not shown to exist
         if upstream is None or (caller is not None and not caller.may_use(name)):
@@ -204,7 +209,7 @@ class Router:
         caps = (await upstream.capabilities()).to_json()
         if self.service.structured_output_refused(upstream):
             caps["structured_output"] = False
-        return {
+        model = {
             "id": name,
             "object": "model",
             "created": int(self.started_at),
@@ -212,6 +217,12 @@ class Router:
             "upstream_model": upstream.upstream_model,
             "capabilities": caps,
         }
+        if with_servers and upstream.provider == "local":
+            # names and states only: a process's command line is for the page of calls
+            model["servers"] = [
+                {"name": s["name"], "state": s["state"]} for s in await upstream.servers()
+            ]
+        return model
 
     def _context(
         self, scope: dict[str, Any], path_task: str | None, caller: Caller | None

@@ -49,10 +49,9 @@ _SENTINEL = "\u2063boundedcode-next-message\u2063"
 
 @dataclass(frozen=True, slots=True)
 class CacheServer:
-    """A server whose slots, chat template and prompt cache the gateway can read and warm
-    (llama.cpp): where it listens and what to send it."""
+    """A profile whose servers' slots, chat template and prompt cache the gateway can read
+    and warm (llama.cpp): what to send them, and whether to repair."""
 
-    root: Callable[[], str]
     headers: Callable[[], dict[str, str]]
     repair: bool
 
@@ -64,6 +63,9 @@ class AnsweredCall:
     task: str
     purpose: str
     profile: str
+    # the server that answered (of a pool, the one the call went to), and its name
+    root: str
+    server: str | None
     sent_body: bytes  # the request the server answered (reasoning already restored)
     answer: dict[str, Any]  # the answer as the next request will carry it back
     answer_had_reasoning: bool
@@ -175,7 +177,6 @@ class CacheKeeper:
         # a reload may change it for the repairs that follow
         self.price = price
         self._http = http
-        self._root = server.root
         self._headers = server.headers
         self._writer = writer
         self._repair = server.repair
@@ -226,14 +227,15 @@ class CacheKeeper:
     async def _evidence(self, call: AnsweredCall) -> tuple[str, bool] | None:
         """Read the slot before anything else can use it, then compare; returns the next
         request's rendering and whether a slot is idle for the repair."""
-        slots = await self._get("/slots")
+        root = call.root
+        slots = await self._get(root, "/slots")
         sent = orjson.loads(call.sent_body)
-        prompt = await self._render(sent)
+        prompt = await self._render(root, sent)
         following = {
             **sent,
             "messages": next_request_messages(sent["messages"], call.answer),
         }
-        following_prompt = await self._render(following)
+        following_prompt = await self._render(root, following)
         rendered = cut_at_sentinel(following_prompt) if following_prompt is not None else None
         if prompt is None or rendered is None:
             return None
@@ -256,7 +258,7 @@ class CacheKeeper:
             content if isinstance(content, str) else "",
         )
         if evidence.verdict == "match":
-            pieces = await self._pieces(rendered)
+            pieces = await self._pieces(root, rendered)
             evidence = AnswerEvidence("match", token_ends=token_ends_after(pieces, len(prompt)))
         previous.evidence = evidence
         return rendered, idle
@@ -270,12 +272,13 @@ class CacheKeeper:
         )
         record = meter.record
         record.provider = "local"
+        record.server = call.server
         # the conversation the rendering holds: the request's messages and the answer
         record.messages = call.previous.answer_index + 1
         record.attempts = 1
         body = {"prompt": rendered, "n_predict": 0, "cache_prompt": True}
         try:
-            answer = await self._post("/completion", body)
+            answer = await self._post(call.root, "/completion", body)
         except asyncio.CancelledError:
             meter.abandoned()
             raise
@@ -298,13 +301,13 @@ class CacheKeeper:
         call.previous.repaired_tokens = record.prompt_tokens
         meter.ok()
 
-    async def _render(self, body: dict[str, Any]) -> str | None:
-        answer = await self._post("/apply-template", body)
+    async def _render(self, root: str, body: dict[str, Any]) -> str | None:
+        answer = await self._post(root, "/apply-template", body)
         prompt = answer.get("prompt")
         return prompt if isinstance(prompt, str) else None
 
-    async def _pieces(self, text: str) -> list[str]:
-        answer = await self._post("/tokenize", {"content": text, "with_pieces": True})
+    async def _pieces(self, root: str, text: str) -> list[str]:
+        answer = await self._post(root, "/tokenize", {"content": text, "with_pieces": True})
         out: list[str] = []
         for token in answer.get("tokens") or ():
             piece = token.get("piece") if isinstance(token, dict) else None
@@ -313,15 +316,15 @@ class CacheKeeper:
             out.append(piece if isinstance(piece, str) else "")
         return out
 
-    async def _get(self, path: str) -> Any:
-        resp = await self._http.send("GET", self._root() + path, self._headers(), resend_safe=True)
+    async def _get(self, root: str, path: str) -> Any:
+        resp = await self._http.send("GET", root + path, self._headers(), resend_safe=True)
         raw = await _read(resp)
         return orjson.loads(raw) if resp.status == 200 else None
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, root: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         headers = {"Content-Type": "application/json", **self._headers()}
         resp = await self._http.send(
-            "POST", self._root() + path, headers, orjson.dumps(body), resend_safe=True
+            "POST", root + path, headers, orjson.dumps(body), resend_safe=True
         )
         raw = await _read(resp)
         if resp.status != 200:

@@ -51,6 +51,8 @@ class CallRecord:
     caller: str | None = None
     # the profile's price applied to this call's tokens (and time); None without a price
     cost_usd: float | None = None
+    # the local server that answered (of a pool: docs/scaling.md); None for a cloud API
+    server: str | None = None
     # call log only: each attempt's {"status", "code"}, in order
     attempt_log: list[dict[str, Any]] = field(default_factory=list)
     # call log only: what the adapter changed in the request on its own account

@@ -36,6 +36,7 @@ MissCause = Literal[
     "token_split",
     "server",
     "failover",
+    "rebalanced",
 ]
 TextVerdict = Literal["match", "template_render", "reasoning_dropped", "unknown"]
 

@@ -109,9 +109,12 @@ class ServerState:
     def call_ended(self) -> None:
         self.in_flight = max(self.in_flight - 1, 0)
 
-    def slots_read(self, busy: int | None) -> None:
-        """``GET /slots`` showed ``busy`` slots processing (None: it could not be read)."""
+    def slots_read(self, busy: int | None, total: int | None = None) -> None:
+        """``GET /slots`` showed ``busy`` slots processing (None: it could not be read) of
+        ``total`` (a server the gateway does not run tells its ``parallel`` so)."""
         self.busy_slots = None if busy is None else max(busy, 0)
+        if total is not None and total >= 1:
+            self.parallel = total
 
     def answered(
         self,

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.llama_server.cache_keeper import CacheServer
+from boundedcode_gateway.llama_server.pool import ServerLease
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.policy.structured import RequestedSchema
 from boundedcode_gateway.reasoning_store.backend import CallReasoning
@@ -53,6 +54,8 @@ class ChatCall:
     # the task's stored reasoning, where earlier turns are looked up
     reasoning: CallReasoning
     call_id: str
+    # a local call's server (of a pool, chosen when the request is made); None for a cloud API
+    server: ServerLease | None = None
 
 
 @dataclass(slots=True)
@@ -66,6 +69,8 @@ class PreparedRequest:
     resend_safe: bool = False
     # what the adapter changed on its own account, for the call log (``adjustments``)
     adjustments: dict[str, Any] = field(default_factory=dict)
+    # the server it goes to, which may send it to another once (failover)
+    server: ServerLease | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +179,11 @@ class Upstream(Protocol):
 
     def cache_server(self) -> CacheServer | None:
         """The server's cache to follow after each answer; None where it cannot be read."""
+        ...
+
+    def server_lease(self, task: str, purpose: str) -> ServerLease | None:
+        """The server a call of (task, purpose) goes to, held until the call ends (a local
+        profile's; None for a cloud API)."""
         ...
 
     async def readiness(self) -> str | None:

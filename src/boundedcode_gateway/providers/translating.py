@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from boundedcode_gateway.config import GatewayConfig, ModelProfile
 from boundedcode_gateway.errors import MissingApiKey
 from boundedcode_gateway.llama_server.cache_keeper import CacheServer
+from boundedcode_gateway.llama_server.pool import ServerLease
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.providers.base import (
     Continuation,
@@ -59,6 +60,9 @@ class TranslatingUpstream:
 
     def cache_server(self) -> CacheServer | None:
         return None  # the provider's cache is its own; only its usage reports it
+
+    def server_lease(self, task: str, purpose: str) -> ServerLease | None:
+        return None  # one API endpoint: nothing to choose
 
     def continuation(
         self, sent: PreparedRequest, partial: PartialAnswer, options: RequestOptions

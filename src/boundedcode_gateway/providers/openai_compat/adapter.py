@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
-from boundedcode_gateway.config import GatewayConfig, ModelProfile, ServerSettings
-from boundedcode_gateway.errors import ConfigError, GatewayError, MissingApiKey
+from boundedcode_gateway.config import GatewayConfig, ModelProfile, PoolServer, ServerSettings
+from boundedcode_gateway.errors import GatewayError, MissingApiKey
 from boundedcode_gateway.llama_server.cache_keeper import CacheServer
 from boundedcode_gateway.llama_server.flags import LOOPBACK, ServerCommand, server_command
 from boundedcode_gateway.llama_server.launcher import ManagedLlamaServer
@@ -25,8 +26,10 @@ from boundedcode_gateway.llama_server.locate import (
     resolve_model_path,
     resolve_server_files,
 )
+from boundedcode_gateway.llama_server.pool import PoolMember, ServerLease, ServerPool
 from boundedcode_gateway.policy.reasoning import REASONING_KIND, StoredReasoning
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
+from boundedcode_gateway.pools.server_state import DEFAULT_PARALLEL, ServerState
 from boundedcode_gateway.providers.base import (
     ChatCall,
     Continuation,
@@ -109,12 +112,15 @@ class OpenAICompatUpstream:
         self._budget_message: str | None = None
         self._caps: Capabilities | None = None
         self._caps_lock = asyncio.Lock()
-        _refuse_pool(name, profile)
-        self.managed = _managed_server(name, profile, config, http)
-        # a local server the gateway does not run: is it answering (for readiness)
+        # a local profile's servers (one, or several: docs/scaling.md); none for a cloud API
+        self._pool = _server_pool(name, profile, config, http, self._auth_headers)
+        # the one server of a profile that names one, when the gateway runs it
+        self.managed = _single_managed(self._pool)
+        # the one server of a profile that names one the gateway does not run: is it
+        # answering (for readiness)
         self._probe = (
             ServerProbe(self._server_root() + "/health", http, self._auth_headers)
-            if profile.provider == "local" and self.managed is None
+            if self._pool is not None and not self._pool.several and self.managed is None
             else None
         )
         self._budget = RetryBudget(profile.retry.max_attempts, profile.retry.max_total_s)
@@ -154,20 +160,25 @@ class OpenAICompatUpstream:
             return self._caps or self._assumed()
 
     def _server_root(self) -> str:
-        """Where a local server listens (a managed one moves to a new port on restart)."""
-        if self.managed is not None:
-            return self.managed.base_url()
-        return (self._profile.external_url or "").rstrip("/")
+        """Where a local server listens (a managed one moves to a new port on restart); of
+        a pool, the first that is up."""
+        assert self._pool is not None
+        return self._pool.healthy_root()
 
-    def _chat_url(self) -> str:
-        # a managed server moves to a new port when it restarts
-        base = self.managed.base_url() + "/v1" if self.managed else self._profile.upstream_base_url
-        return base + "/chat/completions"
+    def _chat_url(self, server: ServerLease | None, request_bytes: int) -> str:
+        if server is not None:
+            return server.root(request_bytes) + "/v1/chat/completions"
+        return self._profile.upstream_base_url + "/chat/completions"
+
+    def server_lease(self, task: str, purpose: str) -> ServerLease | None:
+        """A local call's server, chosen when its request is made."""
+        return self._pool.lease((task, purpose)) if self._pool is not None else None
 
     async def start(self) -> None:
-        """Start the managed llama-server, if the profile has one."""
-        if self.managed is not None:
-            await self.managed.start()
+        """Start the managed llama-servers, if the profile has any; a pool is probed and
+        checked (its servers must agree on ``/props``)."""
+        if self._pool is not None:
+            await self._pool.start()
 
     async def _read_props(self) -> Capabilities | None:
         try:
@@ -217,10 +228,13 @@ class OpenAICompatUpstream:
     def _flags_continue(self) -> bool:
         """A server the gateway runs can continue unless its extra flags say otherwise; one
         it does not run is taken to run with llama-server's defaults, which can."""
-        settings = self._profile.server
-        if self.managed is None or settings is None:
+        if self._pool is None:
             return True
-        return server_flags_continue(settings.extra_args)
+        return all(
+            server_flags_continue(member.extra_args)
+            for member in self._pool.members
+            if member.managed is not None
+        )
 
     def _continues(self) -> bool:
         caps = self._caps
@@ -273,12 +287,14 @@ class OpenAICompatUpstream:
             headers["Accept"] = "text/event-stream"
         if self._dialect.idempotency_key:
             headers["Idempotency-Key"] = call.call_id
+        body = orjson.dumps(out)
         return PreparedRequest(
-            url=self._chat_url(),
+            url=self._chat_url(call.server, len(body)),
             headers=headers,
-            body=orjson.dumps(out),
+            body=body,
             resend_safe=self._dialect.idempotency_key,
             adjustments=adjustments,
+            server=call.server,
         )
 
     def learn_from_refusal(self, status: int, message: str) -> bool:
@@ -314,10 +330,9 @@ class OpenAICompatUpstream:
         """The llama.cpp server's cache, once ``/props`` showed the server is llama.cpp."""
         if self._dialect is not LLAMA_CPP:
             return None
-        settings = self._profile.server
-        return CacheServer(
-            self._server_root, self._auth_headers, settings is None or settings.cache_repair
-        )
+        assert self._pool is not None
+        repair = all(m.cache_repair for m in self._pool.members)
+        return CacheServer(self._auth_headers, repair)
 
     async def readiness(self) -> str | None:
         """A key the profile names is set; a managed server is healthy, another local
@@ -325,6 +340,11 @@ class OpenAICompatUpstream:
         missing = self._profile.key_missing()
         if missing is not None:
             return missing
+        pool = self._pool
+        if pool is not None and pool.several:
+            if any(m.state.healthy for m in pool.members):
+                return None
+            return f"none of its {len(pool.members)} servers is up"
         if self.managed is not None:
             if self.managed.ready:
                 return None
@@ -335,26 +355,40 @@ class OpenAICompatUpstream:
         return None
 
     def server_restarts(self) -> int | None:
-        return self.managed.restarts if self.managed is not None else None
+        managed = [m.managed for m in self._pool.members if m.managed] if self._pool else []
+        return sum(m.restarts for m in managed) if managed else None
 
     async def servers(self) -> list[dict[str, Any]]:
-        """A local profile's one server: its state (and, when managed, its process) and a
-        summary of its ``/slots``; none for a cloud API."""
-        if self.provider != "local":
+        """A local profile's servers: each one's state (and, when managed, its process),
+        a summary of its ``/slots`` and, in a pool, what routing knows of it; none for a
+        cloud API."""
+        pool = self._pool
+        if pool is None:
             return []
-        if self.managed is not None:
-            status = self.managed.status()
-            server: dict[str, Any] = {"managed": True, **dataclasses.asdict(status)}
+        return [await self._server(pool, i) for i in range(len(pool.members))]
+
+    async def _server(self, pool: ServerPool, index: int) -> dict[str, Any]:
+        member = pool.members[index]
+        server: dict[str, Any] = {"name": member.state.name}
+        root: str | None
+        if member.managed is not None:
+            status = member.managed.status()
+            server.update(managed=True, **dataclasses.asdict(status))
             root = f"http://{LOOPBACK}:{status.port}" if status.state == "ready" else None
         else:
-            root = self._server_root()
-            down = await self._probe.check() if self._probe is not None else None
-            server = {"managed": False, "url": root, "state": "down" if down else "ready"}
+            root = member.url
+            if pool.several:
+                down = None if member.state.healthy else "it did not answer its last probe"
+            else:
+                down = await self._probe.check() if self._probe is not None else None
+            server.update(managed=False, url=root, state="down" if down else "ready")
             if down:
                 server["reason"] = down
                 root = None
         server["slots"] = await self._slots_summary(root) if root is not None else None
-        return [server]
+        if pool.several:
+            server["routing"] = pool.describe(index)
+        return server
 
     async def _slots_summary(self, root: str) -> dict[str, Any] | None:
         """How many slots, how many busy, each one's context and cached tokens (None where
@@ -372,34 +406,68 @@ class OpenAICompatUpstream:
         return slots_summary(slots)
 
     async def close(self) -> None:
-        if self.managed is not None:
-            await self.managed.stop()
+        if self._pool is not None:
+            await self._pool.close()
 
 
-def _refuse_pool(name: str, profile: ModelProfile) -> None:
-    """A profile of several servers loads, but calls are not routed over them yet."""
-    if profile.servers is not None or profile.replicas is not None:
-        raise ConfigError(
-            f"models.{name}: 'servers' and 'replicas' are not served yet; give the profile "
-            "one 'external_url' or 'model_path' (docs/scaling.md)"
-        )
-
-
-def _managed_server(
-    name: str, profile: ModelProfile, config: GatewayConfig, http: HttpClient
-) -> ManagedLlamaServer | None:
-    """The llama-server the gateway runs for a ``model_path`` profile (checked at start-up)."""
-    if not profile.model_path:
+def _server_pool(
+    name: str,
+    profile: ModelProfile,
+    config: GatewayConfig,
+    http: HttpClient,
+    headers: Callable[[], dict[str, str]],
+) -> ServerPool | None:
+    """A local profile's servers (checked at start-up); None for a cloud API."""
+    servers = profile.pool_servers() if profile.provider == "local" else ()
+    if not servers:
         return None
+    several = len(servers) > 1
+    members = []
+    for i, server in enumerate(servers):
+        # a pool's servers are told apart by their place in it
+        label = f"{name}[{i}]" if several else name
+        where = f"models.{name}.servers[{i}]" if profile.servers is not None else f"models.{name}"
+        members.append(_member(label, where, server, config, http))
+    return ServerPool(name, members, profile.routing_policy, http, headers)
+
+
+def _member(
+    label: str, where: str, server: PoolServer, config: GatewayConfig, http: HttpClient
+) -> PoolMember:
+    settings = server.server or ServerSettings()
+    if server.external_url:
+        url = server.external_url.rstrip("/")
+        return PoolMember(ServerState(url_shown(url)), url, cache_repair=settings.cache_repair)
+    assert server.model_path is not None
     binary = find_llama_server(config.llama_server_bin)
-    model = str(resolve_model_path(profile.model_path, f"models.{name}.model_path"))
-    settings = resolve_server_files(profile.server or ServerSettings(), f"models.{name}.server")
+    model = str(resolve_model_path(server.model_path, f"{where}.model_path"))
+    settings = resolve_server_files(settings, f"{where}.server")
 
     def command_for_port(port: int) -> ServerCommand:
-        return server_command(binary, model, port, name, settings)
+        return server_command(binary, model, port, label, settings)
 
-    log_path = config.data_path / "llama-server" / f"{name}.log"
-    return ManagedLlamaServer(name, command_for_port, log_path, settings.startup_timeout_s, http)
+    log_path = config.data_path / "llama-server" / f"{label}.log"
+    managed = ManagedLlamaServer(
+        label, command_for_port, log_path, settings.startup_timeout_s, http
+    )
+    state = ServerState(label, settings.parallel or DEFAULT_PARALLEL)
+    return PoolMember(state, None, managed, settings.cache_repair, settings.extra_args)
+
+
+def _single_managed(pool: ServerPool | None) -> ManagedLlamaServer | None:
+    if pool is None or pool.several:
+        return None
+    return pool.members[0].managed
+
+
+def url_shown(url: str) -> str:
+    """A server's URL without credentials, for records and logs."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit((parts.scheme, host + port, parts.path, parts.query, parts.fragment))
 
 
 def slots_summary(slots: list[Any]) -> dict[str, Any]:

@@ -1,0 +1,335 @@
+"""The llama-servers of one local profile, served: started, probed, and leased to calls.
+
+``pools/`` decides where a call goes from what the gateway knows; this module keeps
+that knowledge current and does the I/O. Each server is probed in the background
+(``/health``, then ``/slots`` for its busy slots): a dead or loading server takes no
+new call, and one that answers again takes calls again. A managed replica that
+restarted starts with an empty cache. A call holds a ``ServerLease`` from its start
+to its end: the server it was given, and, once, another one if that server dies
+before the answer came (``failover``).
+
+A profile of one server is a pool of one: it is never probed in the background (its
+readiness has its own probe) and never left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from boundedcode_gateway.config import Routing
+from boundedcode_gateway.errors import ConfigError, GatewayError, UpstreamUnavailable
+from boundedcode_gateway.llama_server.launcher import ManagedLlamaServer
+from boundedcode_gateway.pools.holdings import ConversationKey
+from boundedcode_gateway.pools.routing import NoHealthyServer, Pool, RouteReason
+from boundedcode_gateway.pools.server_state import ServerState
+from boundedcode_gateway.upstream.http import HttpClient, read_body
+from boundedcode_gateway.upstream.metrics import CallMetrics
+
+log = logging.getLogger(__name__)
+
+# how often each server of a pool is asked whether it is up and how busy it is
+PROBE_EVERY_S = 1.0
+# a probe that takes longer than this finds the server down
+PROBE_TIMEOUT_S = 2.0
+# a prompt's length in tokens, guessed from its request's bytes before it is sent
+BYTES_PER_TOKEN = 4
+
+Headers = Callable[[], dict[str, str]]
+
+
+@dataclass(slots=True)
+class PoolMember:
+    """One server of a pool: where it listens, the process when the gateway runs it, and
+    what routing knows of it."""
+
+    state: ServerState
+    url: str | None = None  # a server the gateway does not run
+    managed: ManagedLlamaServer | None = None
+    # its ``server.cache_repair``, and (a managed one) the flags added to its command line
+    cache_repair: bool = True
+    extra_args: tuple[str, ...] = ()
+    # the managed server's restarts when it was last probed: a new one empties its cache
+    restarts_seen: int = 0
+
+    def root(self) -> str:
+        """Where it listens now (a managed server moves to a new port when it restarts)."""
+        if self.managed is not None:
+            return self.managed.base_url()
+        assert self.url is not None
+        return self.url
+
+
+class ServerPool:
+    """A profile's servers, their probing, and the lease of one to each call."""
+
+    def __init__(
+        self,
+        name: str,
+        members: Sequence[PoolMember],
+        policy: Routing,
+        http: HttpClient,
+        headers: Headers,
+    ) -> None:
+        self.name = name
+        self.members = tuple(members)
+        self.routing = Pool([m.state for m in self.members], policy)
+        self.http = http
+        self._headers = headers
+        self._prober: asyncio.Task[None] | None = None
+
+    @property
+    def several(self) -> bool:
+        return len(self.members) > 1
+
+    @property
+    def policy(self) -> Routing:
+        return self.routing.policy
+
+    async def start(self) -> None:
+        """Start the managed servers (together), probe every server once, check that the
+        servers that answer run the same model alike, then keep probing."""
+        managed = [m.managed for m in self.members if m.managed is not None]
+        await asyncio.gather(*(m.start() for m in managed))
+        if not self.several:
+            return
+        await asyncio.gather(*(self.probe(m) for m in self.members))
+        await self._check_agreement()
+        self._prober = asyncio.get_running_loop().create_task(self._probe_forever())
+
+    async def close(self) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._prober
+            self._prober = None
+        await asyncio.gather(*(m.managed.stop() for m in self.members if m.managed is not None))
+
+    def lease(self, key: ConversationKey) -> ServerLease:
+        """The lease a call of conversation ``key`` holds (its server chosen on first use)."""
+        return ServerLease(self, key)
+
+    def healthy_root(self) -> str:
+        """The first server that is up, for what any of them can answer (``/props``)."""
+        for member in self.members:
+            if member.state.healthy:
+                with contextlib.suppress(UpstreamUnavailable):
+                    return member.root()
+        return self.members[0].root()
+
+    # -- probing
+
+    async def _probe_forever(self) -> None:
+        while True:
+            await asyncio.sleep(PROBE_EVERY_S)
+            await asyncio.gather(*(self.probe(m) for m in self.members))
+
+    async def probe(self, member: PoolMember) -> bool:
+        """Ask the server whether it is up (and how busy); note what it said; whether up."""
+        state = member.state
+        managed = member.managed
+        if managed is not None and managed.restarts != member.restarts_seen:
+            member.restarts_seen = managed.restarts
+            state.restarted()
+            log.info("model %s: %s started again; its cache is empty", self.name, state.name)
+        try:
+            root = member.root()
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                up = await self._get(root + "/health") is not None
+                slots = await self._get(root + "/slots") if up else None
+        except (GatewayError, TimeoutError):
+            up, slots = False, None
+        if up != state.healthy:
+            log.warning("model %s: %s is %s", self.name, state.name, "up" if up else "down")
+            if up:
+                # what a server held before it went down is not to be counted on: it may
+                # have been started again
+                state.restarted()
+        state.healthy = up
+        if isinstance(slots, list):
+            busy = sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing") is True)
+            state.slots_read(busy, len(slots) or None)
+        else:
+            state.slots_read(None)
+        return up
+
+    async def _get(self, url: str) -> Any:
+        """The JSON of a 200 answer (``{}`` for one that is not JSON); None otherwise."""
+        resp = await self.http.send("GET", url, self._headers(), resend_safe=True)
+        raw = await read_body(resp)
+        if resp.status != 200:
+            return None
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return {}
+
+    async def _check_agreement(self) -> None:
+        """Servers that disagree on their chat template or context size are not copies of
+        one model: a conversation moved between them would not be served alike."""
+        seen: list[tuple[str, tuple[Any, Any]]] = []
+        for member in self.members:
+            if not member.state.healthy:
+                continue
+            try:
+                props = await self._get(member.root() + "/props")
+            except GatewayError:
+                continue
+            if not isinstance(props, dict) or "chat_template_caps" not in props:
+                continue  # not llama.cpp: nothing to compare
+            settings = props.get("default_generation_settings") or {}
+            seen.append((member.state.name, (props.get("chat_template"), settings.get("n_ctx"))))
+        differing = sorted({name for name, shown in seen if shown != seen[0][1]})
+        if differing:
+            raise ConfigError(
+                f"models.{self.name}: the servers of a pool must run the same model alike, but "
+                f"{', '.join(differing)} differ(s) from {seen[0][0]} in chat template or "
+                "context size (GET /props)"
+            )
+
+    # -- what the servers show an operator
+
+    def describe(self, index: int) -> dict[str, Any]:
+        """What routing knows of one server, for ``/v1/models/{name}`` and the page of calls."""
+        state = self.members[index].state
+        return {
+            "name": state.name,
+            "healthy": state.healthy,
+            "in_flight": state.in_flight,
+            "busy_slots": state.busy_slots,
+            "parallel": state.parallel,
+            "conversations": len(state.holdings),
+            "held_tokens": state.holdings.total_tokens,
+            "prefill_tps": _rounded(state.prefill_tps),
+        }
+
+
+class ServerLease:
+    """The server one call is sent to, from its first request to its end: chosen when the
+    call's first request is made, left once for another server if it dies before the
+    answer came."""
+
+    __slots__ = ("_index", "_key", "_moved", "_pool", "_released", "reason")
+
+    def __init__(self, pool: ServerPool, key: ConversationKey) -> None:
+        self._pool = pool
+        self._key = key
+        self._index: int | None = None
+        self._moved = False
+        self._released = False
+        # why the call went where it did (None until chosen)
+        self.reason: RouteReason | None = None
+
+    @property
+    def server(self) -> str | None:
+        """The name of the server the call is on (None until chosen)."""
+        return None if self._index is None else self._pool.members[self._index].state.name
+
+    @property
+    def moved(self) -> Literal["rebalanced", "failover"] | None:
+        """Why the call left the server expected to hold its conversation (None: it did not)."""
+        if self.reason == "rebalanced":
+            return "rebalanced"
+        if self.reason == "failover":
+            return "failover"
+        return None
+
+    def root(self, request_bytes: int) -> str:
+        """The chosen server's root URL; chosen on the first call, from the request's size.
+        No server up is a 503."""
+        pool = self._pool
+        if self._index is None and not pool.several:
+            self._take(0, "stayed")
+        while self._index is None:
+            try:
+                choice = pool.routing.choose(self._key, request_bytes // BYTES_PER_TOKEN)
+            except NoHealthyServer as exc:
+                raise UpstreamUnavailable(
+                    f"model '{pool.name}': {exc}; try again shortly"
+                ) from None
+            member = pool.members[choice.index]
+            try:
+                root = member.root()
+            except UpstreamUnavailable:
+                # a managed server that died since its last probe: not up, choose again
+                member.state.healthy = False
+                continue
+            self._take(choice.index, choice.reason)
+            return root
+        return pool.members[self._index].root()
+
+    def current_root(self) -> str | None:
+        """Where the call's server listens now (None: not chosen, or not running)."""
+        if self._index is None:
+            return None
+        try:
+            return self._pool.members[self._index].root()
+        except UpstreamUnavailable:
+            return None
+
+    def _take(self, index: int, reason: RouteReason) -> None:
+        if self._index is not None:
+            self._pool.members[self._index].state.call_ended()
+        self._index = index
+        self.reason = reason
+        self._pool.members[index].state.call_started()
+
+    async def moved_url(self, url: str) -> str | None:
+        """After a failed send or an answer that broke off: if the server is down, the same
+        request's URL on another server that is up (once per call); None to stay."""
+        pool, index = self._pool, self._index
+        if self._moved or index is None or not pool.several:
+            return None
+        member = pool.members[index]
+        try:
+            old_root = member.root()
+        except UpstreamUnavailable:
+            old_root = None
+        if old_root is not None and await pool.probe(member):
+            return None  # it is up: the failure was the answer's, not the server's
+        try:
+            choice = pool.routing.choose(self._key, 0)
+        except NoHealthyServer:
+            return None
+        self._moved = True
+        self._take(choice.index, "failover")
+        new_root = pool.members[choice.index].root()
+        if old_root is not None and url.startswith(old_root):
+            return new_root + url[len(old_root) :]
+        return new_root + url[url.index("/", url.index("//") + 2) :]
+
+    def answered(self, metrics: CallMetrics) -> None:
+        """The answer's timings: what the server now holds of the conversation, its speed."""
+        if self._index is None or metrics.prompt_tokens is None:
+            return
+        cached = metrics.cached_tokens or 0
+        evaluated = metrics.evaluated_tokens
+        if evaluated is None:
+            evaluated = metrics.prompt_tokens - cached
+        slot_ms = None
+        if metrics.prefill_ms is not None and metrics.decode_ms is not None:
+            slot_ms = metrics.prefill_ms + metrics.decode_ms
+        self._pool.members[self._index].state.answered(
+            self._key,
+            cached,
+            evaluated,
+            metrics.completion_tokens or 0,
+            metrics.prefill_ms,
+            slot_ms,
+        )
+
+    def release(self) -> None:
+        """The call ended: its slot on the server is free."""
+        if self._index is not None and not self._released:
+            self._released = True
+            self._pool.members[self._index].state.call_ended()
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
