@@ -40,7 +40,11 @@ def test_capabilities_by_kind(gateway: Gateway, upstreams: Upstreams) -> None:
     assert got["gpt"]["object"] == "model" and got["gpt"]["owned_by"] == "openai"
     assert got["gpt"]["upstream_model"] == "gpt-5.1"
     one = httpx.get(gateway.url + "/v1/models/local", timeout=10).json()
+    # one model asked for by name: its servers too, a local one's
+    servers = one.pop("servers")
     assert one == got["local"]
+    assert servers == [{"name": upstreams.profiles["local"]["external_url"], "state": "ready"}]
+    assert "servers" not in httpx.get(gateway.url + "/v1/models/gpt", timeout=10).json()
     # /props is read once, however often capabilities are asked for
     models(gateway)
     assert len([r for r in upstreams.llama.requests if r.path == "/props"]) == 1

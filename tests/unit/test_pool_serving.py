@@ -58,10 +58,11 @@ def metrics(prompt: int, cached: int, completion: int) -> CallMetrics:
 def test_a_lease_chooses_once_and_holds_a_slot_until_released() -> None:
     pool = pool_of(["http://a", "http://b"])
     lease = pool.lease(KEY)
-    assert lease.server is None and lease.reason is None
+    assert (lease.server, lease.reason) == (None, None)
     assert lease.root(400) == "http://a"
     assert lease.root(99_999) == "http://a"  # chosen once, whatever is asked after
-    assert (lease.server, lease.reason) == ("http://a", "new")
+    chosen: tuple[str | None, str | None] = (lease.server, lease.reason)
+    assert chosen == ("http://a", "new")
     assert [m.state.in_flight for m in pool.members] == [1, 0]
     # a second call of another conversation goes to the idle server
     other = pool.lease(("other", "agent_turn"))
