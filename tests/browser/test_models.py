@@ -65,3 +65,34 @@ def test_a_killed_server_goes_from_ready_to_restarting_and_back(
     assert page.text_content(f"{SERVER} [data-field='restarts'] dd") == "1"
     assert int(page.get_attribute(SERVER, "data-pid") or 0) not in (0, pid)
     watched.assert_clean()
+
+
+def test_a_pool_shows_each_replica_with_what_routing_knows_of_it(
+    start_gateway: GatewayFactory, open_page: OpenPage, tmp_path: Path
+) -> None:
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    pool = {
+        "provider": "local",
+        "model_path": str(model),
+        "replicas": 2,
+        "server": {"cache_repair": False, "parallel": 2},
+    }
+    gw = start_gateway({"pool": pool}, llama_server_bin=str(write_binary(tmp_path)))
+    gw.client("t").chat.completions.create(
+        model="pool", messages=[{"role": "user", "content": "hello there"}]
+    )
+    watched = open_page(gw.url, "#models")
+    page = watched.page
+    servers = ".model-card[data-model='pool'] .server"
+    page.wait_for_selector(f"{servers}[data-state='ready'] >> nth=1")
+    heads = [page.text_content(f"{servers} >> nth={i} >> .server-head") or "" for i in (0, 1)]
+    assert [h.split(":")[0].removeprefix("ready") for h in heads] == ["pool[0]", "pool[1]"]
+    routing = [
+        page.text_content(f"{servers} >> nth={i} >> [data-field='routing'] dd") or ""
+        for i in (0, 1)
+    ]
+    assert all(r.startswith("up · 0 in flight · ") for r in routing), routing
+    # the call's conversation is expected in one replica's cache
+    assert sorted(r.split(" · ")[2].split(" ")[0] for r in routing) == ["0", "1"]
+    watched.assert_clean()

@@ -17,7 +17,10 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
+from boundedcode_gateway.app import create_app
+from boundedcode_gateway.config import parse_config
 from boundedcode_gateway.llama_server import pool as pool_module
 from tests.e2e.conftest import Gateway, GatewayFactory
 from tests.fakes.common import Reply
@@ -25,6 +28,7 @@ from tests.fakes.llama_server import FakeLlamaServer
 from tests.fakes.llama_server_process import write_binary
 from tests.fakes.server import serve_in_thread, stop_all
 from tests.fakes.tcp_proxy import TcpProxy
+from tests.lifespan import startup_report
 
 # the fakes' probe is quick: a test waits for the gateway to see a server go or come back
 PROBE_EVERY_S = 0.2
@@ -295,3 +299,19 @@ def test_managed_replicas_run_as_one_pool_and_a_killed_one_starts_again(
 
 def homes_task(homes: dict[str, str], server: str) -> str:
     return next(task for task, home in homes.items() if home == server)
+
+
+async def test_servers_that_disagree_on_props_stop_the_start(
+    servers: Servers, tmp_path: Path
+) -> None:
+    servers.fakes[1].n_ctx = 8192
+    entries = [{"external_url": u} for u in servers.urls]
+    text = yaml.safe_dump(
+        {"data_dir": str(tmp_path), "models": {"pool": {"provider": "local", "servers": entries}}}
+    )
+    failed = await startup_report(create_app(parse_config(text)))
+    assert failed["type"] == "lifespan.startup.failed"
+    assert (
+        f"models.pool: the servers of a pool must run the same model alike, but {servers.urls[1]}"
+        in failed["message"]
+    )

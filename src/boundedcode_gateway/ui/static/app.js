@@ -487,7 +487,7 @@
             h(
               "li",
               { class: "server-brief", data: { model: model.name, state: server.state } },
-              h("span", { class: "model" }, model.name),
+              h("span", { class: "model" }, server.name && server.name !== model.name ? server.name : model.name),
               stateBadge(server.state),
               h("span", { class: "muted" }, [...what, slots].filter(Boolean).join(" · ")),
             ),
@@ -1372,6 +1372,20 @@
         ]
       : [["url", s.url || "–"]];
     if (s.reason) facts.push(["reason", s.reason]);
+    const r = s.routing; // a server of a pool: what routing knows of it (docs/scaling.md)
+    if (r) {
+      facts.push([
+        "routing",
+        [
+          r.healthy ? "up" : "down",
+          `${r.in_flight} in flight`,
+          `${r.conversations} conversations, ${fmt.tokens(r.held_tokens)} tokens expected cached`,
+          r.prefill_tps === null ? null : `prefill ${fmt.tokens(r.prefill_tps)} tok/s`,
+        ]
+          .filter(Boolean)
+          .join(" · "),
+      ]);
+    }
     const slots = s.slots
       ? [
           `${s.slots.busy} of ${s.slots.total} busy`,
@@ -1395,7 +1409,12 @@
     return h(
       "div",
       { class: "server", data: { managed: s.managed, state: s.state, pid: s.pid } },
-      h("div", { class: "server-head" }, stateBadge(s.state), h("span", {}, s.managed ? "llama-server run by the gateway" : "a server you run")),
+      h(
+        "div",
+        { class: "server-head" },
+        stateBadge(s.state),
+        h("span", {}, (s.name ? s.name + ": " : "") + (s.managed ? "llama-server run by the gateway" : "a server you run")),
+      ),
       h(
         "dl",
         { class: "fields compact" },
