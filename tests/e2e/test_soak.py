@@ -16,6 +16,7 @@ import os
 import random
 import time
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -43,6 +44,7 @@ KINDS = [
     ("claude", "claude", False),
     ("gem", "gemini", False),
 ]
+MODELS = [profile for profile, _, _ in KINDS]
 LLAMA_500 = {
     "error": {
         "code": 500,
@@ -116,8 +118,15 @@ def rss_mib() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-async def one_request(session: aiohttp.ClientSession, url: str, rng: random.Random) -> str:
-    model = rng.choice([profile for profile, _, _ in KINDS])
+async def one_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    rng: random.Random,
+    models: Sequence[str] = MODELS,
+    headers: Mapping[str, str] | None = None,
+) -> str:
+    """One request of the soak, to one of ``models``, with ``headers`` added; its outcome."""
+    model = rng.choice(models)
     stream = rng.random() < 0.6
     words = 6000 if rng.random() < 0.03 else 8  # now and then, longer than the context
     body = {
@@ -127,8 +136,8 @@ async def one_request(session: aiohttp.ClientSession, url: str, rng: random.Rand
     }
     hang_up = stream and rng.random() < 0.05
     aware = stream and rng.random() < 0.5
-    headers = {"content-type": "application/json", **(AWARE if aware else {})}
-    async with session.post(url, data=orjson.dumps(body), headers=headers) as resp:
+    sent = {"content-type": "application/json", **(AWARE if aware else {}), **(headers or {})}
+    async with session.post(url, data=orjson.dumps(body), headers=sent) as resp:
         if hang_up:
             await resp.content.readany()
             resp.close()

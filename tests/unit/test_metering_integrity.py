@@ -144,3 +144,18 @@ def test_a_sync_writer_resolves_each_records_future_once_written(tmp_path: Path)
     writer.close()
     assert writer.submit(make_record(2)) is None  # closed: dropped, nothing to wait for
     assert MeterWriter(calls_path, ledger_path).submit(make_record(3)) is None  # not sync
+
+
+def test_a_future_no_answer_waits_for_any_more_does_not_stop_the_writer(tmp_path: Path) -> None:
+    calls_path, ledger_path = tmp_path / "calls.jsonl", tmp_path / "ledger.db"
+    writer = MeterWriter(calls_path, ledger_path, sync=True)
+    gone = writer.submit(make_record(1))
+    # what asyncio does to it when the answer waiting on it is cancelled (its caller left)
+    assert gone is not None and gone.cancel()
+    writer.start()
+    later = writer.submit(make_record(2))
+    assert later is not None
+    later.result(timeout=5)
+    writer.close()
+    assert [row["call_id"] for row in ledger_rows(ledger_path)] == ["call-00001", "call-00002"]
+    assert [line["call_id"] for line in log_lines(calls_path)] == ["call-00001", "call-00002"]

@@ -282,7 +282,9 @@ class MeterWriter:
             durable = [self._durable.pop(r.call_id, None) for r in batch] if self.sync else []
             self._progress.notify_all()
         for future in durable:
-            if future is not None:
+            # An answer that stopped waiting (its caller left) has cancelled its future;
+            # setting a result then would raise, here, and end the thread.
+            if future is not None and future.set_running_or_notify_cancel():
                 future.set_result(None)
 
     def _held(
