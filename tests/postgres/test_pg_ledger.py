@@ -40,6 +40,8 @@ from tests.unit.test_budgets import NOON
 from tests.unit.test_budgets import record as spending_record
 from tests.unit.test_metering import log_lines, make_record
 
+# the field the newest migration adds a column for
+NEWEST_FIELD = "front"
 # the column PostgreSQL adds for insertion order (SQLite's rowid)
 SEQ = "seq"
 # what each Python type of a ledger field is in PostgreSQL
@@ -213,14 +215,15 @@ def test_migrations_from_an_empty_database(pg: PgDatabase, tmp_path: Path) -> No
 
 async def test_migrations_from_the_version_before(pg: PgDatabase) -> None:
     previous = load_pg_migrations()[:-1]
-    assert previous[-1].version == 6
-    # the columns of the previous version: all but the record's newest field
-    columns = [f for f in LEDGER_FIELDS if f != "server"]
-    row = replace(every_field_record(7), server=None)
+    assert previous[-1].version == 7
+    # the columns of the previous version: all but the record's newest field, whose
+    # column the last migration adds with a default
+    columns = [f for f in LEDGER_FIELDS if f != NEWEST_FIELD]
+    row = every_field_record(7)
     conn = await asyncpg.connect(pg.url)
     try:
         await migrate(conn, previous)
-        assert "server" not in dict(await asyncio.to_thread(pg_columns, pg))
+        assert NEWEST_FIELD not in dict(await asyncio.to_thread(pg_columns, pg))
         values = [tuple(getattr(row, f) for f in columns)]
         await conn.copy_records_to_table("model_calls", records=values, columns=columns)
     finally:
@@ -239,7 +242,7 @@ async def test_migrations_from_the_version_before(pg: PgDatabase) -> None:
         pg.fetch, "SELECT version FROM schema_migrations ORDER BY version"
     )
     assert [v["version"] for v in versions] == [m.version for m in load_pg_migrations()]
-    assert "server" in dict(await asyncio.to_thread(pg_columns, pg))
+    assert NEWEST_FIELD in dict(await asyncio.to_thread(pg_columns, pg))
 
 
 def test_migrations_wait_for_the_lock_another_gateway_holds(pg: PgDatabase) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from boundedcode_gateway.errors import GatewayError
+from boundedcode_gateway.fronts.base import Front
 
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
@@ -45,12 +46,15 @@ async def send_body(
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def send_error(send: Send, exc: GatewayError, close: bool = False) -> None:
-    """OpenAI's error body with the error's status."""
+async def send_error(
+    send: Send, exc: GatewayError, close: bool = False, front: Front | None = None
+) -> None:
+    """The error in the shape of the caller's front (OpenAI's, by default) with its status."""
     extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers.items()]
     if close:
         extra.append((b"connection", b"close"))
-    await send_json(send, exc.http_status, exc.to_json(), extra)
+    status, body = front.error(exc) if front is not None else (exc.http_status, exc.to_json())
+    await send_json(send, status, body, extra)
 
 
 async def start_stream(send: Send, first: bytes) -> None:

@@ -30,8 +30,10 @@ from boundedcode_gateway.errors import (
     NotFound,
     internal_error,
 )
+from boundedcode_gateway.fronts.base import CHAT, Front, FrontStream
 from boundedcode_gateway.ingress.body import BodyParser
 from boundedcode_gateway.ingress.render import (
+    Message,
     Receive,
     Send,
     end_stream,
@@ -56,6 +58,9 @@ from boundedcode_gateway.service import GatewayService, JsonAnswer, StreamAnswer
 from boundedcode_gateway.text import clip
 from boundedcode_gateway.ui.routes import UiRoutes
 
+# the path of each front (fronts/), also under /tasks/{task}/...
+FRONT_PATHS: dict[str, Front] = {"/v1/chat/completions": CHAT}
+# without /v1, as some OpenAI clients send it (no task form)
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 # the operator's view of the gateway, answered by ``Router._operations``
 OPERATIONS_PATHS = frozenset({"/metrics", "/ready"})
@@ -89,14 +94,24 @@ def _access_headers(
     return host, origin, authorization, content_type
 
 
-def _chat_task(path: str) -> tuple[bool, str | None]:
-    """(is a chat path, task from the path)."""
+def _front_of(path: str) -> tuple[Front | None, str | None]:
+    """(the front a path is a call of, None for any other path; the task in the path)."""
     if path in CHAT_PATHS:
-        return True, None
-    if path.startswith("/tasks/") and path.endswith("/v1/chat/completions"):
-        task = path[len("/tasks/") : -len("/v1/chat/completions")]
-        return True, task
-    return False, None
+        return CHAT, None
+    front = FRONT_PATHS.get(path)
+    if front is not None:
+        return front, None
+    if path.startswith("/tasks/"):
+        task, slash, rest = path[len("/tasks/") :].partition("/")
+        front = FRONT_PATHS.get(slash + rest)
+        if front is not None:
+            return front, task
+    return None, None
+
+
+def _headers_of(scope: dict[str, Any]) -> dict[str, str]:
+    """The request's headers by lower-case name (the last of repeated ones)."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
 
 async def read_request_body(scope: dict[str, Any], receive: Receive, limit: int) -> bytes:
@@ -141,7 +156,7 @@ class Router:
         if path in HEALTH_PATHS:
             await send_json(send, 200, b'{"status":"ok"}')
             return
-        is_chat, path_task = _chat_task(path)
+        front, path_task = _front_of(path)
         ui = self.ui if self.ui is not None and UiRoutes.serves(path) else None
         try:
             host, origin, authorization, content_type = _access_headers(scope)
@@ -157,11 +172,13 @@ class Router:
             if ui is not None:
                 ui.check_access(live.config.ui, caller)
                 await ui(scope, receive, send)
-            elif is_chat:
+            elif front is not None:
                 if method != "POST":
                     raise MethodNotAllowed(f"Use POST for {path}")
                 check_json_body(content_type)
-                await self._chat(scope, receive, send, path_task, caller, live.max_body_bytes)
+                await self._call(
+                    scope, receive, send, front, path_task, caller, live.max_body_bytes
+                )
             elif path in OPERATIONS_PATHS:
                 await self._operations(send, path, caller)
             elif path == "/v1/models":
@@ -172,12 +189,12 @@ class Router:
             else:
                 raise NotFound(f"Unknown path: {method} {path}")
         except BodyTooLarge as exc:
-            await send_error(send, exc, close=True)
+            await send_error(send, exc, close=True, front=front)
         except GatewayError as exc:
-            await send_error(send, exc)
+            await send_error(send, exc, front=front)
         except Exception:
             # a fault outside a call's own handling (a chat call records its own)
-            await send_error(send, internal_error(f"{method} {path}"))
+            await send_error(send, internal_error(f"{method} {path}"), front=front)
 
     async def _operations(self, send: Send, path: str, caller: Caller | None) -> None:
         """``/metrics`` (Prometheus' text format) and ``/ready`` (200, or 503 naming each
@@ -225,7 +242,7 @@ class Router:
         return model
 
     def _context(
-        self, scope: dict[str, Any], path_task: str | None, caller: Caller | None
+        self, scope: dict[str, Any], path_task: str | None, caller: Caller | None, front: Front
     ) -> CallContext:
         header_task = _header(scope, TASK_HEADER)
         if path_task is not None and header_task is not None and header_task != path_task:
@@ -245,57 +262,68 @@ class Router:
             check_purpose(purpose) if purpose is not None else DEFAULT_PURPOSE,
             discard.header_declares(_header(scope, discard.HEADER)),
             caller,
+            front.name,
         )
 
     @staticmethod
     def _refused_context(
-        scope: dict[str, Any], path_task: str | None, caller: Caller | None
+        scope: dict[str, Any], path_task: str | None, caller: Caller | None, front: Front
     ) -> CallContext:
         """The context a call refused before its own was made is recorded under."""
         if caller is not None and caller.task is not None:
             # a token's calls are metered under its task only, whatever they asked for
-            return CallContext.new(caller.task, DEFAULT_PURPOSE, caller=caller)
+            return CallContext.new(caller.task, DEFAULT_PURPOSE, caller=caller, front=front.name)
         raw_task = path_task or _header(scope, TASK_HEADER) or DEFAULT_TASK
-        return CallContext.new(raw_task[:128], DEFAULT_PURPOSE, caller=caller)
+        return CallContext.new(raw_task[:128], DEFAULT_PURPOSE, caller=caller, front=front.name)
 
-    async def _chat(
+    async def _call(
         self,
         scope: dict[str, Any],
         receive: Receive,
         send: Send,
+        front: Front,
         path_task: str | None,
         caller: Caller | None,
         max_body_bytes: int,
     ) -> None:
+        """One call in any front: its request made a chat-completions body, checked as
+        one, answered, and the answer written back in the front's shape."""
         raw = await read_request_body(scope, receive, max_body_bytes)
         parsed: Any = await self.body_parser.parse(raw)
         model = requested_model(parsed)
         try:
-            ctx = self._context(scope, path_task, caller)
+            ctx = self._context(scope, path_task, caller, front)
         except (InvalidRequest, Forbidden) as exc:
             if model is not None:
-                refused = self._refused_context(scope, path_task, caller)
+                refused = self._refused_context(scope, path_task, caller, front)
                 self.service.record_rejected(refused, model, exc)
             raise
         try:
             if caller is not None and model is not None:
                 check_model(caller, model)
+            if front is not CHAT:
+                parsed = front.to_chat(parsed, _headers_of(scope))
             body = check_chat_body(parsed)
         except (InvalidRequest, Forbidden) as exc:
             if model is not None:
                 self.service.record_rejected(ctx, model, exc)
             raise
-        await self._answer(receive, send, ctx, body)
+        await self._answer(receive, send, ctx, body, front)
 
     async def _answer(
-        self, receive: Receive, send: Send, ctx: CallContext, body: dict[str, Any]
+        self,
+        receive: Receive,
+        send: Send,
+        ctx: CallContext,
+        body: dict[str, Any],
+        front: Front = CHAT,
     ) -> None:
         """Answer in a task of its own, cancelled if the caller goes away first.
 
         One task for the whole answer and a done-callback on the watcher, rather than
         a task per phase and an ``asyncio.wait``: this runs for every request.
         """
-        work = asyncio.ensure_future(self._respond(send, ctx, body))
+        work = asyncio.ensure_future(self._respond(send, ctx, body, front))
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
         # cancelling a finished answer is a no-op, so the callback may fire late
         watcher.add_done_callback(lambda _: work.cancel())
@@ -308,13 +336,17 @@ class Router:
         finally:
             watcher.cancel()
 
-    async def _respond(self, send: Send, ctx: CallContext, body: dict[str, Any]) -> None:
+    async def _respond(
+        self, send: Send, ctx: CallContext, body: dict[str, Any], front: Front
+    ) -> None:
         answer = await self.service.chat(ctx, body)
         if isinstance(answer, JsonAnswer):
-            await send_json(send, answer.status, answer.body)
+            out = answer.body if front is CHAT else front.answer(answer.status, answer.body)
+            await send_json(send, answer.status, out)
             return
         try:
-            await _relay(send, answer)
+            translate = None if front is CHAT else front.stream(body["model"])
+            await _relay(send, answer, translate)
         finally:
             # a relay cancelled before it ran still owes its record
             answer.relay.close(cancelled=True)
@@ -327,9 +359,12 @@ async def _wait_disconnect(receive: Receive) -> None:
             return
 
 
-async def _relay(send: Send, answer: StreamAnswer) -> None:
+async def _relay(send: Send, answer: StreamAnswer, translate: FrontStream | None = None) -> None:
+    """The stream to the caller; ``translate``: in another front's shape than chat's."""
     relay = answer.relay
     cancelled = False
+    if translate is not None:
+        send = _translating(send, translate)
     try:
         await start_stream(send, answer.first)
         if answer.deadline is None:
@@ -337,6 +372,8 @@ async def _relay(send: Send, answer: StreamAnswer) -> None:
                 await send_chunk(send, chunk)
         else:
             await _relay_within(send, answer)
+        if translate is not None:
+            await send_chunk(send, b"")  # the front's own end, translated from nothing
         await end_stream(send)
     except (asyncio.CancelledError, OSError):
         cancelled = True
@@ -359,3 +396,19 @@ async def _relay_within(send: Send, answer: StreamAnswer) -> None:
         if not timeout.expired():
             raise
         await send_chunk(send, relay.fail(deadline.error()))
+
+
+def _translating(send: Send, translate: FrontStream) -> Send:
+    """``send`` with each piece of a streamed body translated to another front's shape;
+    an empty piece that is not the last one asks for the front's end."""
+
+    async def translated(message: Message) -> None:
+        if message["type"] == "http.response.body" and message.get("more_body"):
+            chunk = message.get("body", b"")
+            out = translate.feed(chunk) if chunk else translate.end()
+            if not out:
+                return
+            message = {**message, "body": out}
+        await send(message)
+
+    return translated

@@ -35,16 +35,30 @@ class CallContext:
     discard_header: bool = False
     # who called, when the gateway has ``auth:`` (None otherwise)
     caller: Caller | None = None
+    # the API the caller spoke (fronts/): "chat", "messages", "responses"
+    front: str = "chat"
 
     @classmethod
     def new(
-        cls, task: str, purpose: str, discard_header: bool = False, caller: Caller | None = None
+        cls,
+        task: str,
+        purpose: str,
+        discard_header: bool = False,
+        caller: Caller | None = None,
+        front: str = "chat",
     ) -> CallContext:
         # 128 random bits as 32 hex digits, the form uuid4().hex had: ids need to be
         # unique, not secret, so no system call per id as uuid4 and os.urandom make
         call_id = f"call_{random.getrandbits(128):032x}"
         return cls(
-            task, purpose, call_id, time.perf_counter(), utc_now_iso(), discard_header, caller
+            task,
+            purpose,
+            call_id,
+            time.perf_counter(),
+            utc_now_iso(),
+            discard_header,
+            caller,
+            front,
         )
 
     def elapsed_ms(self) -> float:
@@ -93,6 +107,7 @@ class Meter:
             model_profile=clip(model),
             caller=ctx.caller.name if ctx.caller is not None else None,
             messages=messages,
+            front=ctx.front,
         )
         self._done = False
         # with `metering.sync`, done once the record is written

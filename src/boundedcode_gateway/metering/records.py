@@ -53,6 +53,8 @@ class CallRecord:
     cost_usd: float | None = None
     # the local server that answered (of a pool: docs/scaling.md); None for a cloud API
     server: str | None = None
+    # the API the caller spoke: "chat" (chat completions), "messages", "responses"
+    front: str = "chat"
     # call log only: each attempt's {"status", "code"}, in order
     attempt_log: list[dict[str, Any]] = field(default_factory=list)
     # call log only: what the adapter changed in the request on its own account
