@@ -17,6 +17,8 @@ from boundedcode_gateway.budgets.book import BudgetBook, budgets_configured
 from boundedcode_gateway.budgets.store import LedgerSpendStore, SpendStore
 from boundedcode_gateway.config import ConfigSource, GatewayConfig, UpstreamLimitsSettings
 from boundedcode_gateway.errors import ConfigError, GatewayError, internal_error
+from boundedcode_gateway.fronts.registry import fronts_by_path
+from boundedcode_gateway.fronts.sealing import Sealer
 from boundedcode_gateway.ingress.body import BodyParser
 from boundedcode_gateway.ingress.render import Receive, Send, send_error
 from boundedcode_gateway.ingress.routes import Router
@@ -143,7 +145,8 @@ class GatewayApp:
             config.ledger_location if config.metering.enabled else None,
             listen_host,
         )
-        self.router = Router(self.service, self.metrics, self.body_parser, ui)
+        fronts = fronts_by_path(Sealer.in_folder(config.data_path))
+        self.router = Router(self.service, self.metrics, self.body_parser, ui, fronts)
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reload_lock = asyncio.Lock()

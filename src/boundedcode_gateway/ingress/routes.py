@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -58,8 +59,6 @@ from boundedcode_gateway.service import GatewayService, JsonAnswer, StreamAnswer
 from boundedcode_gateway.text import clip
 from boundedcode_gateway.ui.routes import UiRoutes
 
-# the path of each front (fronts/), also under /tasks/{task}/...
-FRONT_PATHS: dict[str, Front] = {"/v1/chat/completions": CHAT}
 # without /v1, as some OpenAI clients send it (no task form)
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 # the operator's view of the gateway, answered by ``Router._operations``
@@ -94,16 +93,16 @@ def _access_headers(
     return host, origin, authorization, content_type
 
 
-def _front_of(path: str) -> tuple[Front | None, str | None]:
+def front_of(fronts: Mapping[str, Front], path: str) -> tuple[Front | None, str | None]:
     """(the front a path is a call of, None for any other path; the task in the path)."""
     if path in CHAT_PATHS:
         return CHAT, None
-    front = FRONT_PATHS.get(path)
+    front = fronts.get(path)
     if front is not None:
         return front, None
     if path.startswith("/tasks/"):
         task, slash, rest = path[len("/tasks/") :].partition("/")
-        front = FRONT_PATHS.get(slash + rest)
+        front = fronts.get(slash + rest)
         if front is not None:
             return front, task
     return None, None
@@ -143,8 +142,11 @@ class Router:
         metrics: GatewayMetrics,
         body_parser: BodyParser | None = None,
         ui: UiRoutes | None = None,
+        fronts: Mapping[str, Front] | None = None,
     ) -> None:
         self.service = service
+        # the fronts by their call's path (fronts/registry.py)
+        self.fronts = fronts if fronts is not None else {"/v1/chat/completions": CHAT}
         self.metrics = metrics
         self.ui = ui
         self.body_parser = body_parser or BodyParser(LimitsSettings().max_parsing_bytes)
@@ -156,7 +158,7 @@ class Router:
         if path in HEALTH_PATHS:
             await send_json(send, 200, b'{"status":"ok"}')
             return
-        front, path_task = _front_of(path)
+        front, path_task = front_of(self.fronts, path)
         ui = self.ui if self.ui is not None and UiRoutes.serves(path) else None
         try:
             host, origin, authorization, content_type = _access_headers(scope)
