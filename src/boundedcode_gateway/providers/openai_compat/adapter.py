@@ -29,6 +29,8 @@ from boundedcode_gateway.llama_server.locate import (
 from boundedcode_gateway.llama_server.pool import PoolMember, ServerLease, ServerPool
 from boundedcode_gateway.policy.reasoning import REASONING_KIND, StoredReasoning
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
+from boundedcode_gateway.policy.volatile_lines import ADJUSTMENT as VOLATILE_ADJUSTMENT
+from boundedcode_gateway.policy.volatile_lines import strip_system_messages
 from boundedcode_gateway.pools.server_state import DEFAULT_PARALLEL, ServerState
 from boundedcode_gateway.providers.base import (
     ChatCall,
@@ -279,6 +281,12 @@ class OpenAICompatUpstream:
             send_schema=send_schema,
         )
         adjustments: dict[str, Any] = {}
+        if self._pool is not None:
+            # a local server's cache: a line new on every request would stop the match there
+            messages, removed = strip_system_messages(out["messages"])
+            if removed:
+                out["messages"] = messages
+                adjustments[VOLATILE_ADJUSTMENT] = removed
         if self._budget_message is not None and _needs_budget_message(out):
             out["reasoning_budget_message"] = self._budget_message
             adjustments["reasoning_budget_message"] = self._budget_message
