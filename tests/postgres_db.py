@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 import asyncpg
 import pytest
 
+from tests.fakes.tcp_proxy import TcpProxy
+
 T = TypeVar("T")
 
 SERVER_HOST = "127.0.0.1"
@@ -126,3 +128,13 @@ def pg() -> Iterator[PgDatabase]:
         yield PgDatabase(name)
     finally:
         _drop(name)
+
+
+@pytest.fixture
+def pg_proxy() -> Iterator[TcpProxy]:
+    """A TCP proxy in front of the server, which a test cuts (the database is gone:
+    connections reset, new ones refused) and restores; the server itself is never
+    stopped."""
+    running = TcpProxy(target_port=SERVER_PORT).start()
+    yield running
+    running.stop()

@@ -37,7 +37,7 @@ from tests.e2e.test_soak import PER_REQUEST_TIMEOUT_S, READ_TIMEOUT_S, faulty_re
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fakes.server import serve_in_thread
 from tests.fakes.tcp_proxy import TcpProxy
-from tests.postgres_db import SERVER_PORT, PgDatabase
+from tests.postgres_db import PgDatabase
 
 __all__ = ["fakes"]  # the module-scoped fixture
 
@@ -194,13 +194,6 @@ def settle(gateways: Sequence[Gateway], expected: Sequence[int], drained: bool =
 
 
 @pytest.fixture
-def proxy() -> Iterator[TcpProxy]:
-    running = TcpProxy(target_port=SERVER_PORT).start()
-    yield running
-    running.stop()
-
-
-@pytest.fixture
 def turns() -> Iterator[tuple[FakeLlamaServer, str]]:
     """The local server of the task served in turn, and its URL: its replies apart from
     the soak's."""
@@ -214,7 +207,7 @@ def turns() -> Iterator[tuple[FakeLlamaServer, str]]:
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_two_gateways_on_postgresql_through_faults_and_a_database_cut(
     pg: PgDatabase,
-    proxy: TcpProxy,
+    pg_proxy: TcpProxy,
     fakes: Fakes,
     turns: tuple[FakeLlamaServer, str],
     start_gateway: GatewayFactory,
@@ -223,7 +216,7 @@ def test_two_gateways_on_postgresql_through_faults_and_a_database_cut(
     turns_fake, turns_url = turns
     turns_fake.queue(*TURNS)
     profiles = soak_profiles(fakes, turns_url)
-    through = pg.url_at(proxy.port)
+    through = pg.url_at(pg_proxy.port)
     common = {"ledger": through, "state": through, "inference": {"read_timeout_s": READ_TIMEOUT_S}}
     # the first gateway's answers wait for their records: not for a database that is away
     gateways = [
@@ -236,7 +229,7 @@ def test_two_gateways_on_postgresql_through_faults_and_a_database_cut(
 
     async def cut_then_turns() -> None:
         await cut.reached.wait()
-        await asyncio.to_thread(proxy.cut)
+        await asyncio.to_thread(pg_proxy.cut)
         cut.at = time.monotonic()
         await asyncio.sleep(CUT_S)
         # both ledgers met the cut: each writer keeps records for it
@@ -245,7 +238,7 @@ def test_two_gateways_on_postgresql_through_faults_and_a_database_cut(
             assert time.monotonic() < deadline, "a writer kept nothing during the cut"
             await asyncio.sleep(0.05)
         cut.buffered = [w.ledger_buffered for w in writers]
-        await asyncio.to_thread(proxy.restore)
+        await asyncio.to_thread(pg_proxy.restore)
         cut.restored = time.monotonic()
         # past the state database's pause after its last failure: every call tries it again
         await asyncio.sleep(RETRY_AFTER_S + 0.2)
@@ -307,11 +300,11 @@ def test_two_gateways_on_postgresql_through_faults_and_a_database_cut(
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_small_ledger_buffer_drops_the_oldest_of_a_cut_and_counts_each(
-    pg: PgDatabase, proxy: TcpProxy, fakes: Fakes, start_gateway: GatewayFactory
+    pg: PgDatabase, pg_proxy: TcpProxy, fakes: Fakes, start_gateway: GatewayFactory
 ) -> None:
     queue_faults(fakes, seed=20261202, n=SMALL_BEFORE + SMALL_DURING)
     settings = {
-        "ledger": pg.url_at(proxy.port),
+        "ledger": pg.url_at(pg_proxy.port),
         "inference": {"read_timeout_s": READ_TIMEOUT_S},
         "metering": {"ledger_buffer_records": SMALL_BUFFER},
     }
@@ -323,7 +316,7 @@ def test_a_small_ledger_buffer_drops_the_oldest_of_a_cut_and_counts_each(
     settle(gateways, sent)
     assert len(ledger_ids(pg)) == SMALL_BEFORE
 
-    proxy.cut()
+    pg_proxy.cut()
     during = asyncio.run(load(urls, seed=4, n=SMALL_DURING))
     cut_sent = [sum(1 for d in during if d.gateway == g) for g in (0, 1)]
     assert min(cut_sent) > SMALL_BUFFER  # the seed sends each gateway more than it keeps
@@ -335,7 +328,7 @@ def test_a_small_ledger_buffer_drops_the_oldest_of_a_cut_and_counts_each(
         metrics = scraped(gateway)
         assert metrics["metering_ledger_buffered_records"] == SMALL_BUFFER
         assert metrics["metering_ledger_dropped_records_total"] == lost > 0
-    proxy.restore()
+    pg_proxy.restore()
 
     settle(gateways, all_sent)
     rows = ledger_ids(pg)

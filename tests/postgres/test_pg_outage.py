@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -26,19 +26,12 @@ from boundedcode_gateway.operations.metrics import PREFIX, GatewayMetrics
 from tests.fakes.tcp_proxy import TcpProxy
 from tests.lifespan import startup_report
 from tests.postgres.test_pg_ledger import closed_port, stored_ids
-from tests.postgres_db import SERVER_PORT, PgDatabase
+from tests.postgres_db import PgDatabase
 from tests.unit.test_metering import log_lines, make_record
 from tests.unit.test_metrics import Table
 
 # the writer's backoff tops out at 30 s; a cut of a second or two is tried again sooner
 BACK_WITHIN_S = 40.0
-
-
-@pytest.fixture
-def proxy() -> Iterator[TcpProxy]:
-    running = TcpProxy(target_port=SERVER_PORT).start()
-    yield running
-    running.stop()
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -57,17 +50,17 @@ def submit_all(writer: MeterWriter, numbers: range) -> None:
 
 
 def test_records_wait_while_the_database_is_away_and_are_written_once_back(
-    pg: PgDatabase, proxy: TcpProxy, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    pg: PgDatabase, pg_proxy: TcpProxy, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     calls_path = tmp_path / "calls.jsonl"
-    location = PostgresLocation(pg.url_at(proxy.port))
+    location = PostgresLocation(pg.url_at(pg_proxy.port))
     writer = MeterWriter(calls_path, location, sync=True)
     writer.start()
     try:
         submit_all(writer, range(3))
         assert stored_ids(pg) == [f"call-{i:05d}" for i in range(3)]
 
-        proxy.cut()
+        pg_proxy.cut()
         with caplog.at_level(logging.ERROR, logger="boundedcode_gateway.metering.writer"):
             started = time.monotonic()
             submit_all(writer, range(3, 10))
@@ -80,7 +73,7 @@ def test_records_wait_while_the_database_is_away_and_are_written_once_back(
             f"call-{i:05d}" for i in range(10)
         ]
 
-        proxy.restore()
+        pg_proxy.restore()
         wait_for(lambda: writer.ledger_buffered == 0, BACK_WITHIN_S, "the buffer to drain")
         submit_all(writer, range(10, 12))
     finally:
@@ -91,19 +84,19 @@ def test_records_wait_while_the_database_is_away_and_are_written_once_back(
 
 
 def test_a_full_buffer_drops_the_oldest_and_counts_them(
-    pg: PgDatabase, proxy: TcpProxy, tmp_path: Path
+    pg: PgDatabase, pg_proxy: TcpProxy, tmp_path: Path
 ) -> None:
-    location = PostgresLocation(pg.url_at(proxy.port))
+    location = PostgresLocation(pg.url_at(pg_proxy.port))
     writer = MeterWriter(tmp_path / "calls.jsonl", location, sync=True, ledger_buffer_records=3)
     metrics = GatewayMetrics(Table([]), writer)
     writer.start()
     try:
         submit_all(writer, range(2))
-        proxy.cut()
+        pg_proxy.cut()
         submit_all(writer, range(2, 8))
         assert (writer.ledger_buffered, writer.ledger_dropped) == (3, 3)
         assert scraped(metrics) == {"buffered": 3.0, "dropped": 3.0}
-        proxy.restore()
+        pg_proxy.restore()
         wait_for(lambda: writer.ledger_buffered == 0, BACK_WITHIN_S, "the buffer to drain")
         assert scraped(metrics) == {"buffered": 0.0, "dropped": 3.0}
     finally:
@@ -127,18 +120,18 @@ def scraped(metrics: GatewayMetrics) -> dict[str, float]:
 
 
 def test_a_kept_record_the_database_cannot_hold_is_set_aside_when_it_is_back(
-    pg: PgDatabase, proxy: TcpProxy, tmp_path: Path
+    pg: PgDatabase, pg_proxy: TcpProxy, tmp_path: Path
 ) -> None:
-    location = PostgresLocation(pg.url_at(proxy.port))
+    location = PostgresLocation(pg.url_at(pg_proxy.port))
     writer = MeterWriter(tmp_path / "calls.jsonl", location, sync=True)
     writer.start()
     try:
-        proxy.cut()
+        pg_proxy.cut()
         for record in (make_record(0), make_record(1, prompt_tokens=2**63), make_record(2)):
             future = writer.submit(record)
             assert future is not None
             future.result(timeout=15)
-        proxy.restore()
+        pg_proxy.restore()
         wait_for(lambda: writer.ledger_buffered == 0, BACK_WITHIN_S, "the buffer to drain")
     finally:
         writer.close()
@@ -147,17 +140,17 @@ def test_a_kept_record_the_database_cannot_hold_is_set_aside_when_it_is_back(
 
 
 def test_a_writer_started_while_the_database_is_away_writes_once_it_is_back(
-    pg: PgDatabase, proxy: TcpProxy, tmp_path: Path
+    pg: PgDatabase, pg_proxy: TcpProxy, tmp_path: Path
 ) -> None:
-    proxy.cut()
-    writer = MeterWriter(tmp_path / "calls.jsonl", PostgresLocation(pg.url_at(proxy.port)))
+    pg_proxy.cut()
+    writer = MeterWriter(tmp_path / "calls.jsonl", PostgresLocation(pg.url_at(pg_proxy.port)))
     writer.start()
     try:
         for i in range(4):
             writer.submit(make_record(i))
         assert writer.flush(10.0)  # kept, not waited for
         assert writer.ledger_buffered == 4
-        proxy.restore()
+        pg_proxy.restore()
         wait_for(lambda: writer.ledger_buffered == 0, BACK_WITHIN_S, "the buffer to drain")
     finally:
         writer.close()
@@ -166,13 +159,13 @@ def test_a_writer_started_while_the_database_is_away_writes_once_it_is_back(
 
 
 def test_records_still_kept_when_the_writer_stops_are_counted_lost(
-    pg: PgDatabase, proxy: TcpProxy, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    pg: PgDatabase, pg_proxy: TcpProxy, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    writer = MeterWriter(tmp_path / "calls.jsonl", PostgresLocation(pg.url_at(proxy.port)))
+    writer = MeterWriter(tmp_path / "calls.jsonl", PostgresLocation(pg.url_at(pg_proxy.port)))
     writer.start()
     writer.submit(make_record(0))
     assert writer.flush(10.0)
-    proxy.cut()
+    pg_proxy.cut()
     writer.submit(make_record(1))
     writer.submit(make_record(2))
     with caplog.at_level(logging.ERROR, logger="boundedcode_gateway.metering.writer"):
@@ -184,16 +177,16 @@ def test_records_still_kept_when_the_writer_stops_are_counted_lost(
 
 
 def test_a_writer_stopping_once_the_database_is_back_writes_what_it_kept_first(
-    pg: PgDatabase, proxy: TcpProxy, tmp_path: Path
+    pg: PgDatabase, pg_proxy: TcpProxy, tmp_path: Path
 ) -> None:
-    writer = MeterWriter(tmp_path / "calls.jsonl", PostgresLocation(pg.url_at(proxy.port)))
+    writer = MeterWriter(tmp_path / "calls.jsonl", PostgresLocation(pg.url_at(pg_proxy.port)))
     writer.start()
-    proxy.cut()
+    pg_proxy.cut()
     writer.submit(make_record(0))
     writer.submit(make_record(1))
     # a try after 0.5 s fails too: the next is a second later, after the writer is stopped
     wait_for(lambda: writer.errors >= 2, 10.0, "a second failed try")
-    proxy.restore()
+    pg_proxy.restore()
     writer.close()
     assert stored_ids(pg) == ["call-00000", "call-00001"]
     assert (writer.ledger_buffered, writer.ledger_dropped) == (0, 0)
@@ -284,13 +277,13 @@ async def test_without_metering_the_database_is_not_asked(tmp_path: Path) -> Non
 
 
 def test_the_proxy_cuts_every_connection_and_refuses_new_ones_until_restored(
-    proxy: TcpProxy,
+    pg_proxy: TcpProxy,
 ) -> None:
-    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as through:
+    with socket.create_connection(("127.0.0.1", pg_proxy.port), timeout=5) as through:
         # PostgreSQL answers an SSL request with one byte: the server is behind the proxy
         through.sendall(b"\x00\x00\x00\x08\x04\xd2\x16\x2f")
         assert through.recv(1) in (b"S", b"N")
-        proxy.cut()
+        pg_proxy.cut()
         try:
             through.sendall(b"x" * 8)
             ended = through.recv(1) == b""
@@ -298,9 +291,9 @@ def test_the_proxy_cuts_every_connection_and_refuses_new_ones_until_restored(
             ended = True
         assert ended
     with pytest.raises(ConnectionRefusedError):
-        socket.create_connection(("127.0.0.1", proxy.port), timeout=5).close()
-    proxy.restore()
-    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as again:
+        socket.create_connection(("127.0.0.1", pg_proxy.port), timeout=5).close()
+    pg_proxy.restore()
+    with socket.create_connection(("127.0.0.1", pg_proxy.port), timeout=5) as again:
         again.sendall(b"\x00\x00\x00\x08\x04\xd2\x16\x2f")
         assert again.recv(1) in (b"S", b"N")
-    assert proxy.accepted == 2
+    assert pg_proxy.accepted == 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,7 +28,7 @@ from tests.fakes.tcp_proxy import TcpProxy
 from tests.lifespan import startup_report
 from tests.postgres.test_pg_ledger import closed_port
 from tests.postgres.test_pg_state import Gateway, as_messages, closed, opened
-from tests.postgres_db import SERVER_PORT, PgDatabase
+from tests.postgres_db import PgDatabase
 from tests.unit.test_metrics import Table
 
 T = TypeVar("T")
@@ -39,16 +39,11 @@ STATE_LOGGER = "boundedcode_gateway.state.database"
 
 
 @pytest.fixture
-def proxy() -> Iterator[TcpProxy]:
-    running = TcpProxy(target_port=SERVER_PORT).start()
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-async def through_proxy(pg: PgDatabase, proxy: TcpProxy) -> AsyncIterator[tuple[Gateway, Gateway]]:
+async def through_proxy(
+    pg: PgDatabase, pg_proxy: TcpProxy
+) -> AsyncIterator[tuple[Gateway, Gateway]]:
     """A gateway whose database is behind the proxy, and one that reaches it directly."""
-    cut_off, direct = await opened(pg.url_at(proxy.port), pg.url)
+    cut_off, direct = await opened(pg.url_at(pg_proxy.port), pg.url)
     yield cut_off, direct
     await closed([cut_off, direct])
 
@@ -64,13 +59,13 @@ def outage_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 async def test_a_cut_database_holds_no_call_up_and_is_used_again_once_back(
-    through_proxy: tuple[Gateway, Gateway], proxy: TcpProxy, caplog: pytest.LogCaptureFixture
+    through_proxy: tuple[Gateway, Gateway], pg_proxy: TcpProxy, caplog: pytest.LogCaptureFixture
 ) -> None:
     gw, other = through_proxy
     await gw.keep("t", KIND, ["text:1"], "before the cut")
     assert await gw.history.changed("t", "agent_turn", as_messages(["s"])) == GREW_ONLY
 
-    proxy.cut()
+    pg_proxy.cut()
     with caplog.at_level(logging.WARNING, logger=STATE_LOGGER):
         call, took = await timed(gw.reasoning.task("t"))
         assert took < BOUND_S
@@ -95,9 +90,9 @@ async def test_a_cut_database_holds_no_call_up_and_is_used_again_once_back(
         assert unavailable["history"] == 1
         lines = outage_lines(caplog)
         assert len(lines) == 1 and "unavailable" in lines[0]  # once per outage
-        assert f"127.0.0.1:{proxy.port}" in lines[0]
+        assert f"127.0.0.1:{pg_proxy.port}" in lines[0]
 
-        proxy.restore()
+        pg_proxy.restore()
         await asyncio.sleep(RETRY_AFTER_S + 0.1)
         changed = await gw.history.changed("t", "agent_turn", as_messages(["s", "u", "a"]))
         assert changed == GREW_ONLY  # against the last request the database took
@@ -153,7 +148,7 @@ async def test_a_database_that_does_not_answer_is_waited_for_no_longer_than_the_
 
 
 async def test_the_metrics_show_the_outage(
-    through_proxy: tuple[Gateway, Gateway], proxy: TcpProxy, tmp_path: Path
+    through_proxy: tuple[Gateway, Gateway], pg_proxy: TcpProxy, tmp_path: Path
 ) -> None:
     gw, _ = through_proxy
     metrics = GatewayMetrics(
@@ -166,7 +161,7 @@ async def test_the_metrics_show_the_outage(
         "history": 0.0,
         "sweep": 0.0,
     }
-    proxy.cut()
+    pg_proxy.cut()
     await gw.reasoning.task("t")
     await gw.history.changed("t", "agent_turn", as_messages(["s"]))
     found = scraped(metrics)
