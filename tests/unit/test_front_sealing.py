@@ -44,5 +44,8 @@ def test_a_seal_opens_with_its_key_only(data: bytes) -> None:
     token = ONE.seal(data)
     assert ONE.open(token) == data
     assert OTHER.open(token) is None
-    assert ONE.open(token[:-2] + ("A" if token[-2] != "A" else "B") + token[-1]) is None
+    # a character inside the token (the last ones may hold only padding bits) changed
+    middle = len(token) // 2
+    tampered = token[:middle] + ("A" if token[middle] != "A" else "B") + token[middle + 1 :]
+    assert ONE.open(tampered) is None
     assert ONE.open("not a token") is None
