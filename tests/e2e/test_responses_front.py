@@ -315,6 +315,9 @@ def test_errors_are_the_sdk_exceptions(gateway: Gateway, upstreams: Upstreams) -
     refused = gateway.calls()[-3:]
     assert [c["front"] for c in refused] == ["responses"] * 3
     assert [c["http_status"] for c in refused] == [404, 400, 400]
+    # nothing is stored, so nothing can be fetched
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_1")
 
 
 @pytest.mark.parametrize("stream", [False, True])
