@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from boundedcode_gateway.fronts.base import CHAT, Front
+from boundedcode_gateway.fronts.responses import ResponsesFront
 from boundedcode_gateway.fronts.sealing import Sealer
 
 
 def fronts_by_path(sealer: Sealer) -> dict[str, Front]:
     """Every front, by its call's path; ``sealer`` signs and seals what callers give back."""
-    return {"/v1/chat/completions": CHAT}
+    return {
+        "/v1/chat/completions": CHAT,
+        "/v1/responses": ResponsesFront(sealer),
+    }

@@ -1,0 +1,367 @@
+"""The Responses API front with the openai SDK's responses client as the caller.
+
+A Codex-shaped tool loop on the fake llama-server, its reasoning given back through
+``encrypted_content`` or, when the caller drops the reasoning items, by the gateway's
+reasoning store; whole and streamed answers alike; errors as the SDK's exceptions;
+what is refused; and every event and response read by the SDK's own types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseErrorEvent,
+    ResponseFailedEvent,
+    ResponseFunctionToolCall,
+)
+
+from tests.e2e.conftest import Gateway, GatewayFactory, Upstreams
+from tests.fakes.common import Reply
+from tests.responses_sdk import EVENT_CLASSES, check_response, check_stream
+
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "name": "read_file",
+        "description": "Read a file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+    }
+]
+INSTRUCTIONS = "You are a coding agent. " * 10
+# four tool-call turns, each with its reasoning, then the answer
+TURNS = [
+    *(
+        Reply(
+            content="",
+            reasoning_content=f"Step {i}: the next file to read is f{i}.py. " * 3,
+            tool_calls=[{"name": "read_file", "arguments": {"path": f"f{i}.py"}}],
+        )
+        for i in range(4)
+    ),
+    Reply(content="All four files are read.", reasoning_content="Nothing is left to read. " * 3),
+]
+REASONING = {t.reasoning_content for t in TURNS}
+
+Ask = Callable[[openai.OpenAI, list[Any]], Response]
+
+
+def create(client: openai.OpenAI, items: list[Any]) -> Response:
+    return client.responses.create(
+        model="local", instructions=INSTRUCTIONS, input=items, tools=TOOLS, store=False
+    )
+
+
+def stream_events(client: openai.OpenAI, items: list[Any]) -> Response:
+    """``stream=True``: every event is the SDK's class of its type; the last one holds the
+    response."""
+    events = list(
+        client.responses.create(
+            model="local", instructions=INSTRUCTIONS, input=items, tools=TOOLS, stream=True
+        )
+    )
+    for event in events:
+        assert type(event) is EVENT_CLASSES[event.type], event
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    last = events[-1]
+    assert isinstance(last, ResponseCompletedEvent)
+    return last.response
+
+
+def stream_helper(client: openai.OpenAI, items: list[Any]) -> Response:
+    with client.responses.stream(
+        model="local", instructions=INSTRUCTIONS, input=items, tools=TOOLS
+    ) as stream:
+        return stream.get_final_response()
+
+
+ASKS: dict[str, Ask] = {"create": create, "stream": stream_events, "helper": stream_helper}
+
+
+def answered(answer: Response, keep_reasoning: bool, output: str) -> list[Any]:
+    """The input items the caller adds after ``answer``: its output items (the reasoning
+    items only when ``keep_reasoning``), and each function call's ``output``."""
+    items: list[Any] = []
+    for item in answer.output:
+        if item.type == "reasoning" and not keep_reasoning:
+            continue
+        items.append(item.model_dump(exclude_none=True))
+        if isinstance(item, ResponseFunctionToolCall):
+            items.append(
+                {"type": "function_call_output", "call_id": item.call_id, "output": output}
+            )
+    return items
+
+
+def tool_loop(
+    gw: Gateway, upstreams: Upstreams, ask: Ask, keep_reasoning: bool, task: Callable[[int], str]
+) -> list[Response]:
+    """Five turns as Codex runs them with store false: the whole input each time, the
+    answer's items appended (its reasoning items only when ``keep_reasoning``) and each
+    function call's output."""
+    upstreams.llama.queue(*TURNS)
+    items: list[Any] = [{"role": "user", "content": "Read the four files."}]
+    answers = []
+    for turn in range(len(TURNS)):
+        answer = ask(gw.client(task=task(turn)), items)
+        answers.append(answer)
+        items += answered(answer, keep_reasoning, f"contents of file {turn}")
+    return answers
+
+
+def sent_reasoning(upstreams: Upstreams) -> list[list[str | None]]:
+    """Per request the llama-server got: the reasoning of each earlier assistant turn."""
+    return [
+        [m.get("reasoning_content") for m in r.body["messages"] if m["role"] == "assistant"]
+        for r in upstreams.llama.requests
+        if r.method == "POST" and r.path.endswith("/chat/completions")
+    ]
+
+
+@pytest.mark.parametrize("ask", ASKS, ids=list(ASKS))
+def test_reasoning_comes_back_from_encrypted_content(
+    gateway: Gateway, upstreams: Upstreams, ask: str
+) -> None:
+    # a task per turn: the reasoning store has nothing to give, the seals all of it
+    answers = tool_loop(gateway, upstreams, ASKS[ask], True, lambda turn: f"sealed-{ask}-{turn}")
+    for answer, turn in zip(answers, TURNS, strict=True):
+        reasoning = answer.output[0]
+        assert reasoning.type == "reasoning" and reasoning.encrypted_content
+        assert reasoning.content is not None and reasoning.content[0].text == turn.reasoning_content
+    sent = sent_reasoning(upstreams)
+    assert [len(s) for s in sent] == [0, 1, 2, 3, 4]
+    for per_request in sent:
+        assert per_request == [t.reasoning_content for t in TURNS[: len(per_request)]]
+    calls = [c for c in gateway.calls() if c["task"].startswith("sealed-")]
+    assert {c["front"] for c in calls} == {"responses"}
+    # each turn's prompt matched the server's cache up to what was new
+    for call in calls[1:]:
+        assert call["evaluated_tokens"] < 40, calls
+    assert answers[-1].output_text == "All four files are read."
+    assert [o.type for o in answers[0].output] == ["reasoning", "function_call"]
+
+
+def test_dropped_reasoning_items_come_back_from_the_store(
+    gateway: Gateway, upstreams: Upstreams
+) -> None:
+    tool_loop(gateway, upstreams, create, False, lambda turn: "dropped")
+    for per_request in sent_reasoning(upstreams):
+        assert per_request == [t.reasoning_content for t in TURNS[: len(per_request)]]
+    for call in [c for c in gateway.calls() if c["task"] == "dropped"][1:]:
+        assert call["evaluated_tokens"] < 40
+
+
+def test_without_seals_or_the_store_no_reasoning_goes_back(
+    gateway: Gateway, upstreams: Upstreams
+) -> None:
+    """The control of the two above: the reasoning they saw came from the seals and the
+    store, not from anywhere else."""
+    tool_loop(gateway, upstreams, create, False, lambda turn: f"bare-{turn}")
+    assert all(r is None for per_request in sent_reasoning(upstreams) for r in per_request)
+
+
+def test_a_seal_of_another_gateway_key_is_dropped(
+    upstreams: Upstreams, start_gateway: GatewayFactory
+) -> None:
+    first = start_gateway(upstreams.profiles)
+    second = start_gateway(upstreams.profiles)
+    upstreams.llama.queue(TURNS[0], TURNS[4])
+    items: list[Any] = [{"role": "user", "content": "Read."}]
+    answer = create(first.client(task="one"), items)
+    create(second.client(task="two"), items + answered(answer, True, "x"))
+    assert sent_reasoning(upstreams)[-1] == [None]
+
+
+def test_gateways_sharing_the_key_file_open_each_others_seals(
+    upstreams: Upstreams, start_gateway: GatewayFactory, tmp_path: Any
+) -> None:
+    shared = tmp_path / "shared"
+    first = start_gateway(upstreams.profiles, data_dir=shared / "a")
+    (shared / "b").mkdir(parents=True)
+    (shared / "b" / "front-seal.key").write_bytes((shared / "a" / "front-seal.key").read_bytes())
+    second = start_gateway(upstreams.profiles, data_dir=shared / "b")
+    upstreams.llama.queue(TURNS[0], TURNS[4])
+    items: list[Any] = [{"role": "user", "content": "Read."}]
+    answer = create(first.client(task="one"), items)
+    create(second.client(task="two"), items + answered(answer, True, "x"))
+    assert sent_reasoning(upstreams)[-1] == [TURNS[0].reasoning_content]
+
+
+def raw_stream(gw: Gateway, body: dict[str, Any], headers: dict[str, str] | None = None) -> bytes:
+    with httpx.Client(timeout=30) as http:
+        reply = http.post(gw.url + "/v1/responses", json=body, headers=headers or {})
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["content-type"].startswith("text/event-stream")
+    return reply.content
+
+
+def comparable(response: dict[str, Any]) -> dict[str, Any]:
+    """What two answers to the same request share: not their ids, times and seals."""
+    output = [
+        {k: v for k, v in item.items() if k not in ("id", "encrypted_content")}
+        for item in response["output"]
+    ]
+    skip = ("id", "created_at", "completed_at")
+    return {**{k: v for k, v in response.items() if k not in skip}, "output": output}
+
+
+@pytest.mark.parametrize("profile", ["local", "other", "gpt", "glm"])
+def test_streamed_and_whole_answers_agree(
+    gateway: Gateway, upstreams: Upstreams, profile: str
+) -> None:
+    fake: Any = {
+        "local": upstreams.llama,
+        "other": upstreams.other_local,
+        "gpt": upstreams.openai,
+        "glm": upstreams.compat,
+    }[profile]
+    reply = Reply(
+        content="Reading it now.",
+        reasoning_content="The file may hold the answer." if profile == "local" else None,
+        tool_calls=[{"id": "call_a", "name": "read_file", "arguments": {"path": "a.py"}}],
+    )
+    fake.queue(reply, reply)
+    body = {"model": profile, "input": "Read a.py", "tools": TOOLS, "instructions": "Be brief."}
+    with httpx.Client(timeout=30) as http:
+        whole = http.post(gateway.url + "/v1/responses", json=body).json()
+    if profile in ("local", "other"):
+        fake.reset_cache()  # the second answer is read as the first was, not from the cache
+    events = check_stream(raw_stream(gateway, {**body, "stream": True}))
+    streamed = events[-1]["response"]
+    check_response(whole)
+    assert comparable(streamed) == comparable(whole)
+    kinds = ["reasoning"] * (profile == "local") + ["message", "function_call"]
+    assert [i["type"] for i in whole["output"]] == kinds
+    assert whole["usage"]["input_tokens"] > 0 and whole["usage"]["output_tokens"] > 0
+    assert whole["instructions"] == "Be brief." and whole["tools"][0]["name"] == "read_file"
+    rows = gateway.ledger_rows()[-2:]
+    assert [r["front"] for r in rows] == ["responses", "responses"]
+
+
+def test_what_is_sent_upstream(gateway: Gateway, upstreams: Upstreams) -> None:
+    upstreams.openai.queue(Reply(content='{"ok": true}'))
+    gateway.client().responses.create(
+        model="gpt",
+        input=[
+            {"role": "developer", "content": "Answer in JSON."},
+            {"role": "user", "content": "ok?"},
+        ],
+        max_output_tokens=200,
+        temperature=0.3,
+        reasoning={"effort": "low", "summary": "auto"},
+        text={
+            "format": {
+                "type": "json_schema",
+                "name": "ok",
+                "schema": {
+                    "type": "object",
+                    "properties": {"ok": {"type": "boolean"}},
+                    "required": ["ok"],
+                    "additionalProperties": False,
+                },
+                "strict": True,
+            }
+        },
+        include=["reasoning.encrypted_content"],
+        prompt_cache_key="abc",
+        metadata={"run": "1"},
+        store=True,
+    )
+    sent = upstreams.openai.requests.last.body
+    assert sent["messages"] == [
+        {"role": "developer", "content": "Answer in JSON."},
+        {"role": "user", "content": "ok?"},
+    ]
+    assert sent["max_completion_tokens"] == 200 and sent["temperature"] == 0.3
+    assert sent["reasoning_effort"] == "low"
+    assert sent["response_format"]["json_schema"]["name"] == "ok"
+    for absent in ("store", "metadata", "prompt_cache_key", "include"):
+        assert absent not in sent
+
+
+def test_a_cut_answer_is_incomplete(gateway: Gateway, upstreams: Upstreams) -> None:
+    upstreams.openai.queue(Reply(content="A long answer cut short", finish_reason="length"))
+    answer = gateway.client().responses.create(model="gpt", input="Go on", max_output_tokens=5)
+    assert answer.status == "incomplete"
+    assert answer.incomplete_details is not None
+    assert answer.incomplete_details.reason == "max_output_tokens"
+
+
+def test_errors_are_the_sdk_exceptions(gateway: Gateway, upstreams: Upstreams) -> None:
+    client = gateway.client()
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.responses.create(model="nope", input="hi")
+    assert missing.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as builtin:
+        client.responses.create(model="local", input="hi", tools=[{"type": "web_search"}, *TOOLS])
+    assert builtin.value.param == "tools" and "web_search" in builtin.value.message
+    with pytest.raises(openai.BadRequestError) as previous:
+        client.responses.create(model="local", input="hi", previous_response_id="resp_1")
+    assert previous.value.param == "previous_response_id"
+    assert "keeps no responses" in previous.value.message
+    assert previous.value.body == {
+        "message": previous.value.body["message"],  # type: ignore[index]
+        "type": "invalid_request_error",
+        "param": "previous_response_id",
+        "code": "unsupported_parameter",
+    }
+    # refused requests are recorded under this front
+    refused = gateway.calls()[-3:]
+    assert [c["front"] for c in refused] == ["responses"] * 3
+    assert [c["http_status"] for c in refused] == [404, 400, 400]
+    # nothing is stored, so nothing can be fetched
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_1")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_too_long_is_context_length_exceeded(
+    gateway: Gateway, upstreams: Upstreams, stream: bool
+) -> None:
+    upstreams.llama.n_ctx = 16
+    with pytest.raises(openai.BadRequestError) as info:
+        gateway.client().responses.create(model="local", input="word " * 40, stream=stream)
+    assert info.value.code == "context_length_exceeded"
+    assert gateway.calls()[-1]["error_code"] == "context_length_exceeded"
+
+
+def test_a_stream_that_breaks_after_a_tool_call_shows_fails(
+    gateway: Gateway, upstreams: Upstreams
+) -> None:
+    """A caller that did not declare the discard event gets response.failed with the
+    gateway's code, never a second answer."""
+    call = [{"name": "read_file", "arguments": {"path": "a.py"}}]
+    upstreams.openai.queue(Reply(content="", tool_calls=call, break_after_chunks=4))
+    events = list(
+        gateway.client().responses.create(model="gpt", input="Read", tools=TOOLS, stream=True)
+    )
+    assert isinstance(events[-2], ResponseErrorEvent) and isinstance(
+        events[-1], ResponseFailedEvent
+    )
+    assert events[-2].code == "upstream_stream_broken"
+    assert events[-1].response.error is not None
+    assert events[-1].response.error.code == "upstream_stream_broken"  # type: ignore[comparison-overlap]
+    assert [e.type for e in events].count("response.output_item.added") == 1
+    upstreams.openai.queue(Reply(content="", tool_calls=call, break_after_chunks=4))
+    client = gateway.client()
+    with (
+        pytest.raises(RuntimeError, match=r"response\.completed"),
+        client.responses.stream(model="gpt", input="Read", tools=TOOLS) as stream,
+    ):
+        stream.get_final_response()
+    assert gateway.calls()[-1]["error_code"] == "upstream_stream_broken"
+
+
+def test_the_task_form_of_the_path(gateway: Gateway, upstreams: Upstreams) -> None:
+    upstreams.openai.queue(Reply(content="Fine."))
+    client = openai.OpenAI(base_url=gateway.url + "/tasks/t-42/v1", api_key="unused", max_retries=0)
+    gateway.clients.append(client)
+    assert client.responses.create(model="gpt", input="How are you?").output_text == "Fine."
+    call = gateway.calls()[-1]
+    assert (call["task"], call["front"]) == ("t-42", "responses")
