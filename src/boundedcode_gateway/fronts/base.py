@@ -1,12 +1,13 @@
 """The APIs a caller may speak, each translated to and from the one internal call.
 
-The internal call is a chat-completions body: every front builds one from its own
-request (``to_chat``), the service answers it as it answers a chat-completions
-caller, and the front writes that answer back in its own shape: a whole answer
-(``answer``), a stream (``stream``: one translator per answer, fed the chat chunks
-the relay produces) and an error (``error``). Routing, capabilities, the
-reasoning store, the failure table and metering are the same for every front; the
-record's ``front`` says which one the caller spoke.
+The internal call is a chat-completions body: every front opens a call from its own
+request (``open``: a ``FrontCall`` holding the chat body and what its answer repeats
+of the request), the service answers the body as it answers a chat-completions
+caller, and the call writes that answer back in the front's shape: a whole answer
+(``answer``) or a stream (``stream``: one translator, fed the chat chunks the relay
+produces). An error is the front's (``error``), whether or not a call was opened.
+Routing, capabilities, the reasoning store, the failure table and metering are the
+same for every front; the record's ``front`` says which one the caller spoke.
 
 ``ChatFront`` is the identity: OpenAI chat completions in and out.
 """
@@ -30,29 +31,50 @@ class FrontStream(Protocol):
         ...
 
 
+class FrontCall(Protocol):
+    """One request in a front's shape, made a chat-completions call."""
+
+    # the chat-completions body (checked by the router as any chat body is)
+    body: Any
+
+    def answer(self, status: int, body: bytes) -> bytes:
+        """The whole answer (a chat completion's JSON) in the front's shape."""
+        ...
+
+    def stream(self) -> FrontStream:
+        """The translator of the streamed answer."""
+        ...
+
+
 class Front(Protocol):
     """One API a caller may speak."""
 
     # the record's ``front``
     name: str
 
-    def to_chat(self, parsed: Any, headers: Mapping[str, str]) -> Any:
-        """The chat-completions body of a request in this front's shape (checked by the
-        caller as any chat-completions body is); a ``GatewayError`` for a request this
-        front refuses."""
-        ...
-
-    def answer(self, status: int, body: bytes) -> bytes:
-        """A whole answer (a chat completion's JSON) in this front's shape."""
-        ...
-
-    def stream(self, model: str) -> FrontStream:
-        """The translator of one streamed answer to a request for ``model``."""
+    def open(self, parsed: Any, headers: Mapping[str, str]) -> FrontCall:
+        """The call of a request in this front's shape; a ``GatewayError`` for a request
+        this front refuses."""
         ...
 
     def error(self, exc: GatewayError) -> tuple[int, bytes]:
         """The status and body of an error in this front's shape."""
         ...
+
+
+class _ChatCall:
+    """Chat completions: the body and the answer as they are."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, body: Any) -> None:
+        self.body = body
+
+    def answer(self, status: int, body: bytes) -> bytes:
+        return body
+
+    def stream(self) -> FrontStream:
+        return _CHAT_STREAM
 
 
 class _ChatStream:
@@ -69,18 +91,13 @@ _CHAT_STREAM = _ChatStream()
 
 
 class ChatFront:
-    """OpenAI chat completions: what the gateway speaks inside, passed through."""
+    """OpenAI chat completions: what the gateway speaks inside, passed through (the
+    router does not open its calls: it answers them as they are)."""
 
     name = "chat"
 
-    def to_chat(self, parsed: Any, headers: Mapping[str, str]) -> Any:
-        return parsed
-
-    def answer(self, status: int, body: bytes) -> bytes:
-        return body
-
-    def stream(self, model: str) -> FrontStream:
-        return _CHAT_STREAM
+    def open(self, parsed: Any, headers: Mapping[str, str]) -> FrontCall:
+        return _ChatCall(parsed)
 
     def error(self, exc: GatewayError) -> tuple[int, bytes]:
         return exc.http_status, exc.to_json()

@@ -31,7 +31,7 @@ from boundedcode_gateway.errors import (
     NotFound,
     internal_error,
 )
-from boundedcode_gateway.fronts.base import CHAT, Front, FrontStream
+from boundedcode_gateway.fronts.base import CHAT, Front, FrontCall, FrontStream
 from boundedcode_gateway.ingress.body import BodyParser
 from boundedcode_gateway.ingress.render import (
     Message,
@@ -303,14 +303,13 @@ class Router:
         try:
             if caller is not None and model is not None:
                 check_model(caller, model)
-            if front is not CHAT:
-                parsed = front.to_chat(parsed, _headers_of(scope))
-            body = check_chat_body(parsed)
+            call = None if front is CHAT else front.open(parsed, _headers_of(scope))
+            body = check_chat_body(parsed if call is None else call.body)
         except (InvalidRequest, Forbidden) as exc:
             if model is not None:
                 self.service.record_rejected(ctx, model, exc)
             raise
-        await self._answer(receive, send, ctx, body, front)
+        await self._answer(receive, send, ctx, body, call)
 
     async def _answer(
         self,
@@ -318,14 +317,14 @@ class Router:
         send: Send,
         ctx: CallContext,
         body: dict[str, Any],
-        front: Front = CHAT,
+        call: FrontCall | None = None,
     ) -> None:
         """Answer in a task of its own, cancelled if the caller goes away first.
 
         One task for the whole answer and a done-callback on the watcher, rather than
         a task per phase and an ``asyncio.wait``: this runs for every request.
         """
-        work = asyncio.ensure_future(self._respond(send, ctx, body, front))
+        work = asyncio.ensure_future(self._respond(send, ctx, body, call))
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
         # cancelling a finished answer is a no-op, so the callback may fire late
         watcher.add_done_callback(lambda _: work.cancel())
@@ -339,16 +338,16 @@ class Router:
             watcher.cancel()
 
     async def _respond(
-        self, send: Send, ctx: CallContext, body: dict[str, Any], front: Front
+        self, send: Send, ctx: CallContext, body: dict[str, Any], call: FrontCall | None
     ) -> None:
+        """The answer to ``body``; ``call``: written back in another front's shape."""
         answer = await self.service.chat(ctx, body)
         if isinstance(answer, JsonAnswer):
-            out = answer.body if front is CHAT else front.answer(answer.status, answer.body)
+            out = answer.body if call is None else call.answer(answer.status, answer.body)
             await send_json(send, answer.status, out)
             return
         try:
-            translate = None if front is CHAT else front.stream(body["model"])
-            await _relay(send, answer, translate)
+            await _relay(send, answer, None if call is None else call.stream())
         finally:
             # a relay cancelled before it ran still owes its record
             answer.relay.close(cancelled=True)
