@@ -181,6 +181,11 @@ class Upstream(Protocol):
         """The server's cache to follow after each answer; None where it cannot be read."""
         ...
 
+    async def count_tokens(self, body: dict[str, Any]) -> int | None:
+        """The tokens of the prompt a chat-completions ``body`` renders to, counted by the
+        upstream (a llama.cpp server); None where the upstream cannot count them."""
+        ...
+
     def server_lease(self, task: str, purpose: str) -> ServerLease | None:
         """The server a call of (task, purpose) goes to, held until the call ends (a local
         profile's; None for a cloud API)."""

@@ -61,6 +61,9 @@ class TranslatingUpstream:
     def cache_server(self) -> CacheServer | None:
         return None  # the provider's cache is its own; only its usage reports it
 
+    async def count_tokens(self, body: dict[str, Any]) -> int | None:
+        return None  # counted only where the gateway can render the prompt (llama.cpp)
+
     def server_lease(self, task: str, purpose: str) -> ServerLease | None:
         return None  # one API endpoint: nothing to choose
 

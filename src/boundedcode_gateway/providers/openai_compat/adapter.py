@@ -17,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 
 from boundedcode_gateway.config import GatewayConfig, ModelProfile, PoolServer, ServerSettings
-from boundedcode_gateway.errors import GatewayError, MissingApiKey
+from boundedcode_gateway.errors import GatewayError, MalformedResponse, MissingApiKey
 from boundedcode_gateway.llama_server.cache_keeper import CacheServer
 from boundedcode_gateway.llama_server.flags import LOOPBACK, ServerCommand, server_command
 from boundedcode_gateway.llama_server.launcher import ManagedLlamaServer
@@ -70,6 +70,8 @@ log = logging.getLogger(__name__)
 
 # the reasoning store's file for reasoning text, in each task's folder
 REASONING_FILES = {REASONING_KIND: "local-replay.jsonl"}
+# a request rendered to count its tokens, never sent
+_COUNT_OPTIONS = RequestOptions(stream=False, include_usage=False, return_progress=False)
 
 
 def capabilities_from_props(
@@ -341,6 +343,44 @@ class OpenAICompatUpstream:
         assert self._pool is not None
         repair = all(m.cache_repair for m in self._pool.members)
         return CacheServer(self._auth_headers, repair)
+
+    async def count_tokens(self, body: dict[str, Any]) -> int | None:
+        """The tokens of the prompt ``body`` renders to on a llama.cpp server: its chat
+        template (``POST /apply-template``) over the messages as a call would send them
+        (without reasoning the store would restore), then its tokenizer
+        (``POST /tokenize``); None for any other server or service."""
+        caps = await self.capabilities()
+        if self._dialect is not LLAMA_CPP:
+            return None
+        out = to_openai_compat_request(
+            body,
+            model=self.upstream_model,
+            dialect=self._dialect,
+            options=_COUNT_OPTIONS,
+            takes_reasoning=caps.reasoning_back,
+            profile=self.name,
+        )
+        out["messages"] = strip_system_messages(out["messages"])[0]
+        root = self._server_root()
+        prompt = (await self._post_json(root + "/apply-template", out)).get("prompt")
+        if not isinstance(prompt, str):
+            raise MalformedResponse("the server's /apply-template answered no prompt")
+        tokens = (await self._post_json(root + "/tokenize", {"content": prompt})).get("tokens")
+        if not isinstance(tokens, list):
+            raise MalformedResponse("the server's /tokenize answered no tokens")
+        return len(tokens)
+
+    async def _post_json(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A JSON object a server answers to a request that changes nothing there."""
+        headers = {"Content-Type": "application/json", **self._auth_headers()}
+        resp = await self._http.send("POST", url, headers, orjson.dumps(body), resend_safe=True)
+        raw = await read_body(resp)
+        if resp.status != 200:
+            raise error_from_openai_compat(resp.status, raw, self.secrets())
+        out = _json_object(raw)
+        if out is None:
+            raise MalformedResponse(f"the server answered {url} with no JSON object")
+        return out
 
     async def readiness(self) -> str | None:
         """A key the profile names is set; a managed server is healthy, another local
