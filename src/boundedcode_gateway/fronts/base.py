@@ -15,7 +15,7 @@ same for every front; the record's ``front`` says which one the caller spoke.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from boundedcode_gateway.errors import GatewayError
 
@@ -59,6 +59,16 @@ class Front(Protocol):
 
     def error(self, exc: GatewayError) -> tuple[int, bytes]:
         """The status and body of an error in this front's shape."""
+        ...
+
+
+@runtime_checkable
+class TokenCounter(Front, Protocol):
+    """A front whose requests are counted, not answered: the chat body of the call it
+    opens is rendered and its tokens counted, never sent; nothing is recorded."""
+
+    def counted(self, tokens: int) -> bytes:
+        """The answer: ``tokens`` in this front's shape."""
         ...
 
 

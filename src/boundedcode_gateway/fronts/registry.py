@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from boundedcode_gateway.fronts.base import CHAT, Front
+from boundedcode_gateway.fronts.messages import MessagesCountFront, MessagesFront
 from boundedcode_gateway.fronts.responses import ResponsesFront
 from boundedcode_gateway.fronts.sealing import Sealer
 
@@ -12,4 +13,6 @@ def fronts_by_path(sealer: Sealer) -> dict[str, Front]:
     return {
         "/v1/chat/completions": CHAT,
         "/v1/responses": ResponsesFront(sealer),
+        "/v1/messages": MessagesFront(sealer),
+        "/v1/messages/count_tokens": MessagesCountFront(sealer),
     }

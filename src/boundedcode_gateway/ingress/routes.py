@@ -31,7 +31,7 @@ from boundedcode_gateway.errors import (
     NotFound,
     internal_error,
 )
-from boundedcode_gateway.fronts.base import CHAT, Front, FrontCall, FrontStream
+from boundedcode_gateway.fronts.base import CHAT, Front, FrontCall, FrontStream, TokenCounter
 from boundedcode_gateway.ingress.body import BodyParser
 from boundedcode_gateway.ingress.render import (
     Message,
@@ -65,6 +65,8 @@ CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 OPERATIONS_PATHS = frozenset({"/metrics", "/ready"})
 # liveness: answered to anyone, before any check (it tells nothing)
 HEALTH_PATHS = frozenset({"/health", "/v1/health"})
+# Anthropic's SDKs send the key here: taken by the other fronts when Authorization is absent
+API_KEY_HEADER = b"x-api-key"
 TASK_HEADER = b"x-boundedcode-task"
 PURPOSE_HEADER = b"x-boundedcode-purpose"
 
@@ -106,6 +108,15 @@ def front_of(fronts: Mapping[str, Front], path: str) -> tuple[Front | None, str 
         if front is not None:
             return front, task
     return None, None
+
+
+def _api_key(scope: dict[str, Any], front: Front | None) -> str | None:
+    """A call of a front other than chat's without Authorization: its ``x-api-key`` (where
+    Anthropic's SDKs send the key) as a Bearer credential."""
+    if front is None or front is CHAT:
+        return None
+    key = _header(scope, API_KEY_HEADER)
+    return "Bearer " + key if key is not None else None
 
 
 def _headers_of(scope: dict[str, Any]) -> dict[str, str]:
@@ -170,7 +181,9 @@ class Router:
             if authenticator is not None:
                 # a browser opens the page: it may give the key as HTTP Basic's password
                 login = authenticator.viewer if ui is not None else authenticator.caller
-                caller = login(authorization)
+                caller = login(
+                    authorization if authorization is not None else _api_key(scope, front)
+                )
             if ui is not None:
                 ui.check_access(live.config.ui, caller)
                 await ui(scope, receive, send)
@@ -290,6 +303,9 @@ class Router:
     ) -> None:
         """One call in any front: its request made a chat-completions body, checked as
         one, answered, and the answer written back in the front's shape."""
+        if front is not CHAT and isinstance(front, TokenCounter):
+            await self._count(scope, receive, send, front, caller, max_body_bytes)
+            return
         raw = await read_request_body(scope, receive, max_body_bytes)
         parsed: Any = await self.body_parser.parse(raw)
         model = requested_model(parsed)
@@ -310,6 +326,43 @@ class Router:
                 self.service.record_rejected(ctx, model, exc)
             raise
         await self._answer(receive, send, ctx, body, call)
+
+    async def _count(
+        self,
+        scope: dict[str, Any],
+        receive: Receive,
+        send: Send,
+        front: TokenCounter,
+        caller: Caller | None,
+        max_body_bytes: int,
+    ) -> None:
+        """A front's token count: its request made a chat-completions body, checked as one,
+        rendered and counted by the profile's upstream where it can; not a model call, so
+        not recorded."""
+        raw = await read_request_body(scope, receive, max_body_bytes)
+        parsed: Any = await self.body_parser.parse(raw)
+        model = requested_model(parsed)
+        if caller is not None and model is not None:
+            check_model(caller, model)
+        body = check_chat_body(front.open(parsed, _headers_of(scope)).body)
+        upstream = self.service.upstreams.get(body["model"])
+        if upstream is None:
+            raise ModelNotFound(
+                f"The model '{clip(body['model'])}' does not exist on this gateway", param="model"
+            )
+        tokens = await upstream.count_tokens(body)
+        if tokens is None:
+            exc = GatewayError(
+                f"Counting tokens is not available for the model '{clip(body['model'])}': "
+                "only a profile served by llama.cpp counts them",
+                status=501,
+                error_type="not_supported_error",
+                code="not_supported",
+            )
+            # not a failure a resend can cure
+            exc.headers["x-should-retry"] = "false"
+            raise exc
+        await send_json(send, 200, front.counted(tokens))
 
     async def _answer(
         self,

@@ -1,0 +1,414 @@
+"""Golden cases: Messages API requests in, the chat-completions bodies the gateway
+answers out (fronts/messages/request.py).
+
+The requests follow Anthropic's Messages API reference and are checked against the
+official SDK's request type, so each one is a request Anthropic's own clients send.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from anthropic.types.message_create_params import MessageCreateParams
+from pydantic import TypeAdapter
+
+from boundedcode_gateway.errors import InvalidRequest
+from boundedcode_gateway.fronts.messages.request import check_headers, to_chat_body
+from boundedcode_gateway.fronts.messages.response import thinking_signature
+from boundedcode_gateway.fronts.sealing import Sealer
+from boundedcode_gateway.ingress.validate import check_chat_body
+
+SEALER = Sealer(b"\x07" * 32)
+OTHER = Sealer(b"\x08" * 32)
+
+
+def sig(text: str, profile: str = "local", sealer: Sealer = SEALER) -> str:
+    """The signature the gateway gave a thinking block ``profile`` wrote."""
+    return thinking_signature(profile, text, sealer.sign)
+
+
+_PARAMS = TypeAdapter(MessageCreateParams)
+HEADERS = {"anthropic-version": "2023-06-01"}
+
+
+def chat(request: dict[str, Any], *, sdk_type: bool = True, **kw: Any) -> dict[str, Any]:
+    if sdk_type:
+        _PARAMS.validate_python(request)  # a request the official SDK would send
+    out = to_chat_body(request, SEALER.verify, **kw)
+    assert check_chat_body(out) is out  # the chat path takes it as it is
+    return out
+
+
+def refused(request: dict[str, Any], **kw: Any) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as caught:
+        to_chat_body(request, SEALER.verify, **kw)
+    return caught.value
+
+
+def base(**extra: Any) -> dict[str, Any]:
+    return {
+        "model": "local",
+        "max_tokens": 1024,
+        "messages": [{"role": "user", "content": "hi"}],
+        **extra,
+    }
+
+
+def test_a_claude_code_turn_becomes_its_chat_body() -> None:
+    reasoning = "The user wants the file list."
+    request = {
+        "model": "local",
+        "max_tokens": 32000,
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=a5145;"},
+            {
+                "type": "text",
+                "text": "You are Claude Code.",
+                "cache_control": {"type": "ephemeral"},
+            },
+        ],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "List the files."}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "thinking",
+                        "thinking": reasoning,
+                        "signature": sig(reasoning),
+                    },
+                    {"type": "text", "text": "Let me look."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "ls", "input": {"path": "."}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.py\nb.py"},
+                    {"type": "text", "text": "<system-reminder>Be careful.</system-reminder>"},
+                ],
+            },
+        ],
+        "tools": [
+            {
+                "name": "ls",
+                "description": "List a folder",
+                "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+                "cache_control": {"type": "ephemeral"},
+            }
+        ],
+        "tool_choice": {"type": "auto"},
+        "metadata": {"user_id": "user_abc"},
+        "thinking": {"type": "enabled", "budget_tokens": 31999},
+        "temperature": 1,
+        "stream": True,
+    }
+    assert chat(request) == {
+        "model": "local",
+        "messages": [
+            {
+                "role": "system",
+                "content": [
+                    {
+                        "type": "text",
+                        "text": "x-anthropic-billing-header: cc_version=2.1; cch=a5145;",
+                    },
+                    {"type": "text", "text": "You are Claude Code."},
+                ],
+            },
+            {"role": "user", "content": [{"type": "text", "text": "List the files."}]},
+            {
+                "role": "assistant",
+                "content": "Let me look.",
+                "tool_calls": [
+                    {
+                        "id": "toolu_1",
+                        "type": "function",
+                        "function": {"name": "ls", "arguments": '{"path":"."}'},
+                    }
+                ],
+                "reasoning_content": reasoning,
+            },
+            {"role": "tool", "tool_call_id": "toolu_1", "content": "a.py\nb.py"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "<system-reminder>Be careful.</system-reminder>"}
+                ],
+            },
+        ],
+        "max_completion_tokens": 32000,
+        "temperature": 1,
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "ls",
+                    "description": "List a folder",
+                    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+                },
+            }
+        ],
+        "tool_choice": "auto",
+        "reasoning_effort": "high",
+        "user": "user_abc",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def test_thinking_the_gateway_did_not_sign_is_dropped() -> None:
+    text = "reasoning"
+    turns: list[Any] = [
+        {"type": "thinking", "thinking": text, "signature": sig(text, sealer=OTHER)},
+        {"type": "thinking", "thinking": text, "signature": sig(text, profile="other")},
+        {"type": "thinking", "thinking": text + "!", "signature": sig(text)},
+        {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"},
+        {"type": "text", "text": "Done."},
+    ]
+    out = chat(
+        base(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": turns}])
+    )
+    assert out["messages"][1] == {"role": "assistant", "content": "Done."}
+
+
+def test_a_turn_left_with_nothing_is_left_out() -> None:
+    only = [{"type": "thinking", "thinking": "x", "signature": "EqQBCgIYAhIM"}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": only},
+        {"role": "user", "content": "again"},
+    ]
+    assert [m["role"] for m in chat(base(messages=messages))["messages"]] == ["user", "user"]
+
+
+def test_signed_thinking_of_several_blocks_is_joined_and_empty_thinking_is_none() -> None:
+    blocks: list[Any] = [
+        {"type": "thinking", "thinking": "one ", "signature": sig("one ")},
+        {"type": "thinking", "thinking": "", "signature": sig("")},
+        {"type": "tool_use", "id": "toolu_2", "name": "pwd", "input": {}},
+        {"type": "thinking", "thinking": "two", "signature": sig("two")},
+    ]
+    message = chat(
+        base(messages=[{"role": "user", "content": "?"}, {"role": "assistant", "content": blocks}])
+    )["messages"][1]
+    assert message["reasoning_content"] == "one two"
+    assert message["content"] is None
+    assert message["tool_calls"][0]["function"] == {"name": "pwd", "arguments": "{}"}
+
+
+def test_images_tool_results_and_errors() -> None:
+    content: list[Any] = [
+        {
+            "type": "tool_result",
+            "tool_use_id": "toolu_1",
+            "content": [
+                {"type": "text", "text": "shot:"},
+                {
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": "image/png", "data": "iVBO"},
+                },
+            ],
+        },
+        {
+            "type": "tool_result",
+            "tool_use_id": "toolu_2",
+            "content": "no such file",
+            "is_error": True,
+        },
+        {"type": "tool_result", "tool_use_id": "toolu_3", "is_error": True},
+        {
+            "type": "tool_result",
+            "tool_use_id": "toolu_4",
+            "content": [{"type": "text", "text": "ok"}],
+        },
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
+    ]
+    out = chat(base(messages=[{"role": "user", "content": content}]))["messages"]
+    assert out == [
+        {
+            "role": "tool",
+            "tool_call_id": "toolu_1",
+            "content": [
+                {"type": "text", "text": "shot:"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBO"}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "toolu_2", "content": "Error: no such file"},
+        {"role": "tool", "tool_call_id": "toolu_3", "content": "Error:"},
+        {"role": "tool", "tool_call_id": "toolu_4", "content": "ok"},
+        {
+            "role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}],
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [
+        ({"type": "auto"}, {"tool_choice": "auto"}),
+        ({"type": "any"}, {"tool_choice": "required"}),
+        ({"type": "none"}, {"tool_choice": "none"}),
+        (
+            {"type": "tool", "name": "ls"},
+            {"tool_choice": {"type": "function", "function": {"name": "ls"}}},
+        ),
+        (
+            {"type": "any", "disable_parallel_tool_use": True},
+            {"tool_choice": "required", "parallel_tool_calls": False},
+        ),
+    ],
+)
+def test_tool_choice(choice: dict[str, Any], expected: dict[str, Any]) -> None:
+    tools = [{"name": "ls", "input_schema": {"type": "object"}}]
+    out = chat(base(tools=tools, tool_choice=choice))
+    assert {k: out[k] for k in ("tool_choice", "parallel_tool_calls") if k in out} == expected
+
+
+@pytest.mark.parametrize(
+    ("extra", "effort"),
+    [
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "low"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 8192}}, "medium"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 16384}}, "high"),
+        ({"thinking": {"type": "disabled"}}, "none"),
+        ({"thinking": {"type": "adaptive"}}, None),
+        ({"thinking": {"type": "adaptive"}, "output_config": {"effort": "medium"}}, "medium"),
+        ({"output_config": {"effort": "max"}}, "high"),
+        ({}, None),
+    ],
+)
+def test_thinking_becomes_reasoning_effort(extra: dict[str, Any], effort: str | None) -> None:
+    assert chat(base(**extra)).get("reasoning_effort") == effort
+
+
+def test_sampling_stops_schema_and_the_fields_that_change_nothing() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    out = chat(
+        base(
+            top_p=0.9,
+            top_k=40,
+            stop_sequences=["END"],
+            output_config={"format": {"type": "json_schema", "schema": schema}},
+            service_tier="auto",
+            cache_control={"type": "ephemeral"},
+            system="Be brief.",
+        )
+    )
+    assert out == {
+        "model": "local",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi"},
+        ],
+        "max_completion_tokens": 1024,
+        "top_p": 0.9,
+        "top_k": 40,
+        "stop": ["END"],
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": schema},
+        },
+    }
+
+
+def test_claude_codes_context_management_changes_nothing_and_is_taken() -> None:
+    # what Claude Code sends whenever it thinks: thinking cleared, all of it kept
+    keep_all = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
+    request = base(thinking={"type": "adaptive"}, output_config={"effort": "medium"})
+    _PARAMS.validate_python(request)
+    assert to_chat_body({**request, "context_management": keep_all}, SEALER.verify) == chat(request)
+
+
+def test_max_tokens_is_required_except_to_count() -> None:
+    request = base()
+    del request["max_tokens"]
+    assert refused(request).message == "max_tokens: Field required"
+    assert "max_completion_tokens" not in to_chat_body(request, SEALER.verify, counting=True)
+
+
+@pytest.mark.parametrize(
+    ("request_", "param"),
+    [
+        (base(mcp_servers=[{"type": "url", "url": "https://x", "name": "x"}]), "mcp_servers"),
+        (
+            base(context_management={"edits": [{"type": "clear_tool_uses_20250919"}]}),
+            "context_management.edits.0",
+        ),
+        (
+            base(
+                context_management={
+                    "edits": [
+                        {
+                            "type": "clear_thinking_20251015",
+                            "keep": {"type": "thinking_turns", "value": 1},
+                        }
+                    ]
+                }
+            ),
+            "context_management.edits.0",
+        ),
+        (base(context_management={"edits": "all"}), "context_management"),
+        (base(frequency_penalty=1), "frequency_penalty"),
+        (base(tools=[{"type": "web_search_20250305", "name": "web_search"}]), "tools.0.type"),
+        (
+            base(tools=[{"name": "t", "input_schema": {}, "defer_loading": True}]),
+            "tools.0.defer_loading",
+        ),
+        (
+            base(messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}]),
+            "messages.0.content.0.type",
+        ),
+        (
+            base(
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_use", "id": "a", "name": "b", "input": {}}],
+                    }
+                ]
+            ),
+            "messages.0.content.0.type",
+        ),
+        (base(messages=[{"role": "system", "content": "x"}]), "messages.0.role"),
+        (base(messages=[{"role": "user", "content": []}]), "messages.0.content"),
+        (base(messages=[]), "messages"),
+        (base(model=""), "model"),
+        (base(thinking={"type": "enabled"}), "thinking.budget_tokens"),
+        (base(output_config={"format": {"type": "text"}}), "output_config.format.type"),
+        (
+            base(
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [{"type": "image", "source": {"type": "file", "file_id": "f"}}],
+                    }
+                ]
+            ),
+            "messages.0.content.0.source.type",
+        ),
+    ],
+)
+def test_what_the_chat_form_cannot_carry_is_refused_by_name(
+    request_: dict[str, Any], param: str
+) -> None:
+    exc = refused(request_)
+    assert exc.param == param
+    assert exc.http_status == 400
+    assert exc.message.startswith(param)
+
+
+def test_the_version_header_is_required_and_known() -> None:
+    check_headers(HEADERS)
+    with pytest.raises(InvalidRequest, match="anthropic-version: header is required"):
+        check_headers({})
+    with pytest.raises(InvalidRequest, match="unknown version '2099-01-01'"):
+        check_headers({"anthropic-version": "2099-01-01"})
+
+
+def test_the_discard_event_cannot_be_asked_for() -> None:
+    check_headers({**HEADERS, "x-boundedcode-stream-discard": "0"})
+    with pytest.raises(InvalidRequest, match="X-BoundedCode-Stream-Discard"):
+        check_headers({**HEADERS, "x-boundedcode-stream-discard": "1"})
