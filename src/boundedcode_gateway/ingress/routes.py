@@ -417,6 +417,7 @@ async def _relay(send: Send, answer: StreamAnswer, translate: FrontStream | None
     """The stream to the caller; ``translate``: in another front's shape than chat's."""
     relay = answer.relay
     cancelled = False
+    caller_send = send
     if translate is not None:
         send = _translating(send, translate)
     try:
@@ -427,7 +428,9 @@ async def _relay(send: Send, answer: StreamAnswer, translate: FrontStream | None
         else:
             await _relay_within(send, answer)
         if translate is not None:
-            await send_chunk(send, b"")  # the front's own end, translated from nothing
+            tail = translate.end()
+            if tail:
+                await send_chunk(caller_send, tail)
         await end_stream(send)
     except (asyncio.CancelledError, OSError):
         cancelled = True
@@ -453,13 +456,13 @@ async def _relay_within(send: Send, answer: StreamAnswer) -> None:
 
 
 def _translating(send: Send, translate: FrontStream) -> Send:
-    """``send`` with each piece of a streamed body translated to another front's shape;
-    an empty piece that is not the last one asks for the front's end."""
+    """``send`` with each piece of a streamed body translated to another front's shape
+    (a piece that translates to nothing is not sent)."""
 
     async def translated(message: Message) -> None:
         if message["type"] == "http.response.body" and message.get("more_body"):
             chunk = message.get("body", b"")
-            out = translate.feed(chunk) if chunk else translate.end()
+            out = translate.feed(chunk) if chunk else b""
             if not out:
                 return
             message = {**message, "body": out}
