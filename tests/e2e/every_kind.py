@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.e2e.conftest import COMPAT_KEY, OPENAI_KEY
+from boundedcode_gateway.app import create_app
+from boundedcode_gateway.config import parse_config
+from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
+from tests.e2e.conftest import COMPAT_KEY, OPENAI_KEY, Gateway
 from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.common import Reply
 from tests.fakes.gemini_api import FakeGemini
@@ -184,3 +189,12 @@ def fakes() -> Iterator[Fakes]:
             yield Fakes(llama, other, oai, compat, claude, gemini, profiles)
         finally:
             stop_all(servers)
+
+
+def start_gateway_on(data_dir: Path, profiles: dict[str, Any]) -> Gateway:
+    """A gateway with ``profiles`` (the fakes' and any more), served as ``serve`` serves
+    it, for a module's tests; the caller stops it."""
+    text = yaml.safe_dump({"data_dir": str(data_dir), "models": profiles})
+    app = create_app(parse_config(text))
+    server = serve_in_thread(app, lifespan="on", http=GatheringHttpToolsProtocol)
+    return Gateway(app, server, data_dir)

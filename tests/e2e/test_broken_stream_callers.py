@@ -15,15 +15,21 @@ from typing import Any
 import openai
 import orjson
 import pytest
-import yaml
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from boundedcode_gateway.app import create_app
-from boundedcode_gateway.config import parse_config
-from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
 from tests.e2e.conftest import Gateway
-from tests.e2e.every_kind import ANSWER, ASK, AWARE, CALLS, KINDS, TOOLS, Fakes, Kind, fakes
-from tests.fakes.server import serve_in_thread
+from tests.e2e.every_kind import (
+    ANSWER,
+    ASK,
+    AWARE,
+    CALLS,
+    KINDS,
+    TOOLS,
+    Fakes,
+    Kind,
+    fakes,
+    start_gateway_on,
+)
 
 # LiteLLM fetches a price list over the network when imported unless told not to
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
@@ -35,10 +41,7 @@ __all__ = ["fakes"]  # the module-scoped fixture
 @pytest.fixture(scope="module")
 def gateway(fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     data_dir = tmp_path_factory.mktemp("gw")
-    text = yaml.safe_dump({"data_dir": str(data_dir), "models": fakes.profiles})
-    app = create_app(parse_config(text))
-    server = serve_in_thread(app, lifespan="on", http=GatheringHttpToolsProtocol)
-    gw = Gateway(app, server, data_dir)
+    gw = start_gateway_on(data_dir, fakes.profiles)
     yield gw
     gw.stop()
 

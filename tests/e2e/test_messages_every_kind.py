@@ -11,17 +11,12 @@ from typing import Any
 import anthropic
 import orjson
 import pytest
-import yaml
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message
 
-from boundedcode_gateway.app import create_app
-from boundedcode_gateway.config import parse_config
-from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
 from tests.e2e.conftest import Gateway
-from tests.e2e.every_kind import ANSWER, CALLS, KINDS, Fakes, Kind, fakes
+from tests.e2e.every_kind import ANSWER, CALLS, KINDS, Fakes, Kind, fakes, start_gateway_on
 from tests.fakes.common import Reply
-from tests.fakes.server import serve_in_thread
 
 __all__ = ["fakes"]  # the module-scoped fixture
 
@@ -38,10 +33,7 @@ ASK: list[Any] = [{"role": "user", "content": "What is the weather in Paris and 
 @pytest.fixture(scope="module")
 def gateway(fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     data_dir = tmp_path_factory.mktemp("gw")
-    text = yaml.safe_dump({"data_dir": str(data_dir), "models": fakes.profiles})
-    app = create_app(parse_config(text))
-    server = serve_in_thread(app, lifespan="on", http=GatheringHttpToolsProtocol)
-    gw = Gateway(app, server, data_dir)
+    gw = start_gateway_on(data_dir, fakes.profiles)
     yield gw
     gw.stop()
 

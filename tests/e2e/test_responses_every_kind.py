@@ -12,16 +12,11 @@ import httpx
 import openai
 import orjson
 import pytest
-import yaml
 from openai.types.responses import Response, ResponseCompletedEvent, ResponseFailedEvent
 
-from boundedcode_gateway.app import create_app
-from boundedcode_gateway.config import parse_config
-from boundedcode_gateway.ingress.server import GatheringHttpToolsProtocol
 from tests.e2e.conftest import Gateway
-from tests.e2e.every_kind import ANSWER, AWARE, CALLS, KINDS, Fakes, Kind, fakes
+from tests.e2e.every_kind import ANSWER, AWARE, CALLS, KINDS, Fakes, Kind, fakes, start_gateway_on
 from tests.fakes.common import Reply
-from tests.fakes.server import serve_in_thread
 from tests.responses_sdk import DISCARD_EVENT, EVENT_CLASSES, check_response, check_stream
 
 __all__ = ["fakes"]  # the module-scoped fixture
@@ -56,10 +51,7 @@ def gateway(fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "max_tokens": 8192,
     }
     models = {**fakes.profiles, "thinker": thinker}
-    text = yaml.safe_dump({"data_dir": str(data_dir), "models": models})
-    app = create_app(parse_config(text))
-    server = serve_in_thread(app, lifespan="on", http=GatheringHttpToolsProtocol)
-    gw = Gateway(app, server, data_dir)
+    gw = start_gateway_on(data_dir, models)
     yield gw
     gw.stop()
 
