@@ -285,6 +285,7 @@ def run_gateway(
     routing: str | None,
 ) -> list[dict[str, Any]]:
     """``workloads`` at once through a fresh gateway (``routing`` None: one server)."""
+    _set_aside(run_dir)
     data_dir = run_dir / "gateway"
     data_dir.mkdir(parents=True)
     config = gateway_config(data_dir, settings, routing)
@@ -295,6 +296,18 @@ def run_gateway(
         servers = _server_counters(url)
     rows = rows_of_run(policy, real_server.calls(data_dir), runs)
     return rows + [{"policy": policy, **s} for s in servers]
+
+
+def _set_aside(run_dir: Path) -> None:
+    """An interrupted run's folder (its logs) is kept beside the new run's, renamed."""
+    if not run_dir.exists():
+        return
+    for n in range(1, 1000):
+        aside = run_dir.with_name(f"{run_dir.name}.interrupted-{n}")
+        if not aside.exists():
+            run_dir.rename(aside)
+            return
+    raise RuntimeError(f"{run_dir}: too many interrupted runs kept")
 
 
 def _number(workload: Workload) -> int:
