@@ -52,10 +52,14 @@ WORKLOADS = ("tool-loop", "condensed", "two-purposes", "resumed")
 POOL_WORKLOAD = "tool-loop"
 ROUTINGS = ("affinity", "least_busy", "round_robin")
 # the pool's servers: 2 slots of 8192 tokens each (the modes' one slot), and a host-memory
-# prompt cache of 384 MiB (docs/benchmarks/pool-routing.md says why)
+# prompt cache of 512 MiB (docs/benchmarks/pool-routing.md says why)
 POOL_PARALLEL = 2
 POOL_CTX_SIZE = 16384
-POOL_CACHE_RAM_MIB = 384
+POOL_CACHE_RAM_MIB = 512
+# a full re-evaluation of a 6,000-token prompt takes minutes on two shared cores, and
+# calls queue behind it: the gateway's read_timeout_s (default 600 s) is raised
+POOL_READ_TIMEOUT_S = 1800.0
+SETTINGS_FILE = "settings.json"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -90,7 +94,18 @@ def _parser() -> argparse.ArgumentParser:
     pool.add_argument(
         "--tool-time", type=float, default=2.0, help="s between an answer and the next call"
     )
-    pool.add_argument("--run-timeout", type=float, default=45.0, help="minutes, each run")
+    pool.add_argument("--run-timeout", type=float, default=180.0, help="minutes, each run")
+    pool.add_argument(
+        "--read-timeout",
+        type=float,
+        default=POOL_READ_TIMEOUT_S,
+        help="the gateway's inference.read_timeout_s",
+    )
+    pool.add_argument(
+        "--resume",
+        action="store_true",
+        help="in --out, run only what its samples.jsonl lacks (same settings)",
+    )
     return p
 
 
@@ -158,7 +173,8 @@ def _pool_header(args: argparse.Namespace, s: PoolSettings, started: str, second
             "",
             f"{s.tasks} tasks of `{args.workloads}` at once through the gateway "
             f"(`reasoning_history: auto`, a caller that drops `reasoning_content`; "
-            f"{s.tool_time_s:g} s between an answer and the task's next call) over "
+            f"{s.tool_time_s:g} s between an answer and the task's next call; the gateway's "
+            f"`inference.read_timeout_s: {s.read_timeout_s:g}`) over "
             f"{s.servers} llama-servers the gateway runs (`replicas: {s.servers}`), each "
             f"policy on a fresh gateway (empty caches). Each server: `parallel: "
             f"{s.parallel}`, `ctx_size: {s.ctx_size}` ({s.ctx_size // s.parallel} tokens a "
@@ -174,9 +190,26 @@ def _pool_header(args: argparse.Namespace, s: PoolSettings, started: str, second
             f"own seed ({s.seed} + N). The ideal (`{pool_results.IDEAL}`): each task run "
             "alone on a fresh gateway of one server with the same settings.",
             "",
-            _command(),
+            _command() + (" (resumed: the time is the last invocation's)" if args.resume else ""),
         ]
     )
+
+
+def _settings_json(settings: PoolSettings, args: argparse.Namespace) -> dict[str, Any]:
+    shown = {
+        k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(settings).items()
+    }
+    return {**shown, "workload": args.workloads, "turns": args.turns}
+
+
+def _earlier(out: Path, settings: PoolSettings, args: argparse.Namespace) -> list[Any]:
+    """The samples an interrupted run in ``out`` wrote, if it ran with these settings."""
+    recorded = orjson.loads((out / SETTINGS_FILE).read_bytes())
+    if recorded != _settings_json(settings, args):
+        raise SystemExit(f"{out} ran with other settings: {recorded}")
+    path = out / "samples.jsonl"
+    lines = path.read_bytes().splitlines() if path.exists() else []
+    return [orjson.loads(line) for line in lines if line.strip()]
 
 
 def _pool_main(args: argparse.Namespace) -> int:
@@ -207,15 +240,22 @@ def _pool_main(args: argparse.Namespace) -> int:
         threads=args.threads or max(1, (os.cpu_count() or 1) // args.servers),
         tool_time_s=args.tool_time,
         run_timeout_s=args.run_timeout * 60,
+        read_timeout_s=args.read_timeout,
     )
+    if args.resume:
+        earlier = _earlier(out, settings, args)
+    else:
+        earlier = []
+        shown = _settings_json(settings, args)
+        (out / SETTINGS_FILE).write_bytes(orjson.dumps(shown, option=orjson.OPT_INDENT_2))
     t0 = time.monotonic()
-    with (out / "samples.jsonl").open("wb") as sink:
+    with (out / "samples.jsonl").open("ab" if args.resume else "wb") as sink:
 
         def write(rows: list[dict[str, Any]]) -> None:
             sink.writelines(orjson.dumps(row) + b"\n" for row in rows)
             sink.flush()
 
-        samples = run_benchmark(workload, settings, policies, out, write)
+        samples = run_benchmark(workload, settings, policies, out, write, earlier)
     header = _pool_header(args, settings, started, time.monotonic() - t0)
     text = pool_results.report(samples, header)
     (out / "report.md").write_text(text)

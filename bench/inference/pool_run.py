@@ -38,7 +38,8 @@ from bench.inference.pool_results import IDEAL
 from bench.inference.workload import Workload
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 
-CALL_TIMEOUT_S = 600.0
+# the caller waits this much longer than the gateway waits for the server
+CALL_MARGIN_S = 60.0
 PROFILE = "local"
 TASK_LINE = "You are working on checkout {n} of the repository."
 # after the last answer, the call log is read once no record came for this long (the
@@ -63,6 +64,7 @@ class PoolSettings:
     threads: int  # per server
     tool_time_s: float
     run_timeout_s: float  # each gateway run: one policy, or one task alone
+    read_timeout_s: float  # the gateway's inference.read_timeout_s
 
 
 def task_workload(workload: Workload, n: int) -> Workload:
@@ -99,7 +101,9 @@ def gateway_config(data_dir: Path, settings: PoolSettings, routing: str | None) 
     if routing is not None:
         local.update(replicas=settings.servers, routing=routing)
     config = data_dir / "gateway.yaml"
-    config.write_text(yaml.safe_dump({"data_dir": str(data_dir), "models": {PROFILE: local}}))
+    inference = {"read_timeout_s": settings.read_timeout_s}
+    whole = {"data_dir": str(data_dir), "inference": inference, "models": {PROFILE: local}}
+    config.write_text(yaml.safe_dump(whole))
     return config
 
 
@@ -130,7 +134,7 @@ def _run_task(
     url: str, run: TaskRun, settings: PoolSettings, deadline: float, stop: threading.Event
 ) -> None:
     caller = Caller(run.workload, keep_reasoning=False)
-    with httpx.Client(timeout=CALL_TIMEOUT_S) as client:
+    with httpx.Client(timeout=settings.read_timeout_s + CALL_MARGIN_S) as client:
         while not caller.done:
             if stop.is_set() or time.monotonic() > deadline:
                 run.error = "the run's time was up"
@@ -281,6 +285,7 @@ def run_gateway(
     routing: str | None,
 ) -> list[dict[str, Any]]:
     """``workloads`` at once through a fresh gateway (``routing`` None: one server)."""
+    _set_aside(run_dir)
     data_dir = run_dir / "gateway"
     data_dir.mkdir(parents=True)
     config = gateway_config(data_dir, settings, routing)
@@ -293,8 +298,30 @@ def run_gateway(
     return rows + [{"policy": policy, **s} for s in servers]
 
 
+def _set_aside(run_dir: Path) -> None:
+    """An interrupted run's folder (its logs) is kept beside the new run's, renamed."""
+    if not run_dir.exists():
+        return
+    for n in range(1, 1000):
+        aside = run_dir.with_name(f"{run_dir.name}.interrupted-{n}")
+        if not aside.exists():
+            run_dir.rename(aside)
+            return
+    raise RuntimeError(f"{run_dir}: too many interrupted runs kept")
+
+
 def _number(workload: Workload) -> int:
     return int(workload.task.rsplit("-", 1)[1])
+
+
+def finished_runs(rows: Sequence[dict[str, Any]]) -> set[tuple[str, str | None]]:
+    """The runs ``rows`` hold whole: (``IDEAL``, task) for each task run alone, (policy,
+    None) for each policy (a run's rows are written together, once it ended)."""
+    return {
+        (r["policy"], r["task"] if r["policy"] == IDEAL else None)
+        for r in rows
+        if r["kind"] == "task"
+    }
 
 
 def run_benchmark(
@@ -303,17 +330,24 @@ def run_benchmark(
     policies: Sequence[str],
     out: Path,
     sink: Callable[[list[dict[str, Any]]], None],
+    earlier: Sequence[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
     """Each task alone, then every task at once under each policy; each run's rows go to
-    ``sink`` as it ends."""
+    ``sink`` as it ends. The runs ``earlier`` holds (an interrupted run's samples) are not
+    run again: their rows are returned with the new ones."""
     tasks = [task_workload(workload, n) for n in range(1, settings.tasks + 1)]
-    rows: list[dict[str, Any]] = []
+    done = finished_runs(earlier)
+    rows = list(earlier)
     for task in tasks:
+        if (IDEAL, task.task) in done:
+            continue
         print(f"{IDEAL}: {task.task} ...", flush=True)
         got = run_gateway(IDEAL, [task], settings, out / "runs" / IDEAL / task.task, None)
         sink(got)
         rows += got
     for policy in policies:
+        if (policy, None) in done:
+            continue
         print(f"{policy}: {settings.tasks} tasks over {settings.servers} servers ...", flush=True)
         got = run_gateway(policy, tasks, settings, out / "runs" / policy, policy)
         sink(got)

@@ -12,6 +12,7 @@ from bench.inference.pool_run import (
     TASK_LINE,
     PoolSettings,
     TaskRun,
+    finished_runs,
     gateway_config,
     rows_of_run,
     task_workload,
@@ -187,11 +188,14 @@ SETTINGS = PoolSettings(
     threads=1,
     tool_time_s=2.0,
     run_timeout_s=60.0,
+    read_timeout_s=1800.0,
 )
 
 
 def test_the_gateway_config_is_a_pool_or_a_single_server(tmp_path: Path) -> None:
-    pool = load_config(gateway_config(tmp_path, SETTINGS, "least_busy")).models["local"]
+    config = load_config(gateway_config(tmp_path, SETTINGS, "least_busy"))
+    assert config.inference.read_timeout_s == 1800.0
+    pool = config.models["local"]
     assert (pool.replicas, pool.routing_policy, pool.reasoning_history) == (2, "least_busy", "auto")
     assert len(pool.pool_servers()) == 2
     server = pool.server
@@ -233,3 +237,14 @@ def test_rows_join_each_call_with_what_its_caller_saw() -> None:
     # a call the caller saw answered but the call log lacks is the task's error
     short = rows_of_run("affinity", records[1:], [run])
     assert short[-1]["error"] == "2 calls answered, 1 in the call log"
+
+
+def test_an_interrupted_run_is_resumed_after_the_runs_it_wrote() -> None:
+    assert finished_runs(ROWS) == {
+        (IDEAL, "t1"),
+        (IDEAL, "t2"),
+        ("affinity", None),
+        ("round_robin", None),
+    }
+    # a run's call rows without its task rows were not written whole
+    assert finished_runs([r for r in ROWS if r["kind"] != "task"]) == set()
