@@ -19,6 +19,7 @@ import yaml
 from boundedcode_gateway.metering.calllog import read_calls
 from tests.fakes.common import Reply
 from tests.fakes.llama_server import FakeLlamaServer
+from tests.fakes.llama_server_process import write_binary
 from tests.fakes.server import serve_in_thread
 
 
@@ -197,3 +198,36 @@ def test_bad_config_exits_2(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "models.local.external_url" in proc.stderr and ":4:" in proc.stderr
+
+
+def test_a_taken_port_stops_serve_before_any_managed_server_starts(tmp_path: Path) -> None:
+    """The gateway holds its port before it starts its llama-servers, so none of them can
+    be handed that port: a port already taken ends the start before any server runs."""
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    data_dir = tmp_path / "data"
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "data_dir": str(data_dir),
+                "llama_server_bin": str(write_binary(tmp_path)),
+                "models": {"local": {"provider": "local", "model_path": str(model)}},
+            }
+        )
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        serve = ["serve", "--config", str(config), "--port", str(port)]
+        proc = subprocess.run(
+            [sys.executable, "-m", "boundedcode_gateway", *serve],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr
+    assert "llama-server for local" not in proc.stderr
+    assert not (data_dir / "llama-server").exists()

@@ -23,6 +23,8 @@ DEFAULT_HOST = DEFAULT_LISTEN_HOST
 DEFAULT_PORT = 8780
 # serving was refused before anything started (the configuration does not allow it)
 EXIT_REFUSED = 2
+# the gateway could not start serving (its port taken, or its start failed)
+EXIT_NOT_LISTENING = 1
 # in-flight calls get this long to finish (and be recorded) after a stop signal
 GRACEFUL_SHUTDOWN_S = 30
 
@@ -65,6 +67,21 @@ class _GatewayServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port``, not yet listening: callers are refused until the
+    gateway has started and uvicorn listens on it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family)
+    try:
+        # as uvicorn binds: a port left in TIME_WAIT by the previous run is taken again
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 RELOAD_SIGNAL = signal.SIGHUP
 
@@ -88,6 +105,13 @@ def run_serve(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # the port is held before the lifespan starts managed llama-servers on ports of their
+    # own: a port the OS hands out (bind to 0) can otherwise be the one given here
+    try:
+        listener = listening_socket(host, port)
+    except OSError as exc:
+        print(f"boundedcode-gateway serve: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        return EXIT_NOT_LISTENING
     app = create_app(config, source, listen_host=host)
     server = _GatewayServer(
         uvicorn.Config(
@@ -109,5 +133,6 @@ def run_serve(
         ),
         app,
     )
-    server.run()
-    return 0 if server.started else 1
+    with listener:
+        server.run(sockets=[listener])
+    return 0 if server.started else EXIT_NOT_LISTENING

@@ -9,6 +9,7 @@ and asked to die with the gateway (PR_SET_PDEATHSIG), so no server outlives it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import logging
@@ -66,11 +67,23 @@ def shown_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
+# the ports lately given to servers this process starts: a server binds its port a
+# moment after it is chosen, and until then the OS may hand the same port out again
+_RECENT_PORTS: collections.deque[int] = collections.deque(maxlen=64)
+_PORT_TRIES = 100
+
+
 def free_port() -> int:
-    """A port on the loopback interface that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
+    """A port on the loopback interface that nothing listens on right now and that no
+    server started lately by this process was given."""
+    for _ in range(_PORT_TRIES):
+        with socket.socket() as s:
+            s.bind((LOOPBACK, 0))
+            port = int(s.getsockname()[1])
+        if port not in _RECENT_PORTS:
+            _RECENT_PORTS.append(port)
+            return port
+    raise OSError(f"no free port on {LOOPBACK} in {_PORT_TRIES} tries")
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
