@@ -73,7 +73,8 @@ def listening_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family)
     try:
-        # as uvicorn binds: a port left in TIME_WAIT by the previous run is taken again
+        # as uvicorn binds (its Config.bind_socket would end the process on failure): a
+        # port left in TIME_WAIT by the previous run is taken again
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
     except OSError:

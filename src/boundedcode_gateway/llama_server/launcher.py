@@ -73,13 +73,17 @@ _RECENT_PORTS: collections.deque[int] = collections.deque(maxlen=64)
 _PORT_TRIES = 100
 
 
+def _port_the_os_gives() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
 def free_port() -> int:
     """A port on the loopback interface that nothing listens on right now and that no
     server started lately by this process was given."""
     for _ in range(_PORT_TRIES):
-        with socket.socket() as s:
-            s.bind((LOOPBACK, 0))
-            port = int(s.getsockname()[1])
+        port = _port_the_os_gives()
         if port not in _RECENT_PORTS:
             _RECENT_PORTS.append(port)
             return port
