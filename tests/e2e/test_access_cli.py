@@ -4,6 +4,7 @@ an address off the loopback interface without keys."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -152,10 +153,16 @@ def test_chat_sends_the_key_from_the_environment(
 def started(monkeypatch: pytest.MonkeyPatch) -> list[serve_module._GatewayServer]:
     servers: list[serve_module._GatewayServer] = []
 
-    def run(self: serve_module._GatewayServer) -> None:
+    def unbound_socket(host: str, port: int) -> socket.socket:
+        # the addresses under test (192.0.2.7, the default port) need not be this machine's
+        return socket.socket()
+
+    def run(self: serve_module._GatewayServer, sockets: list[socket.socket]) -> None:
+        assert len(sockets) == 1
         servers.append(self)
         self.started = True
 
+    monkeypatch.setattr(serve_module, "listening_socket", unbound_socket)
     monkeypatch.setattr(serve_module._GatewayServer, "run", run)
     return servers
 
