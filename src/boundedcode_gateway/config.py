@@ -6,6 +6,7 @@ keys (those are read from the environment when a call needs them).
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import os
 import re
@@ -314,6 +315,8 @@ class ModelProfile(_Strict):
     thinking: ThinkingSettings | None = None
     # the answer's token limit when the caller sets none (Anthropic requires one)
     max_tokens: int | None = Field(default=None, ge=1)
+    # the ``anthropic-version`` an Anthropic profile's requests name (unset: the newest)
+    anthropic_version: str | None = None
     price: PriceSettings | None = None
 
     # The pool keys are checked one by one, each against the keys declared before it, so
@@ -420,6 +423,30 @@ class ModelProfile(_Strict):
             )
         return value
 
+    @field_validator("anthropic_version", mode="before")
+    @classmethod
+    def _check_anthropic_version(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return value
+        # YAML reads an unquoted 2026-10-21 as a date
+        if isinstance(value, datetime.date):
+            value = value.isoformat()
+        provider = info.data.get("provider")
+        if not isinstance(provider, str):  # the provider was refused, and that is the message
+            return value
+        versions = KINDS[provider].anthropic_versions
+        if not versions:
+            raise ValueError(
+                f"'anthropic_version' is only for provider "
+                f"{_quoted(kinds_that('anthropic_versions'))}, not {provider!r}"
+            )
+        if value not in versions:
+            raise ValueError(
+                f"{value!r} is not an Anthropic API version the gateway speaks; use "
+                f"{_quoted(list(versions), 'or')} (unset: {versions[0]}, the newest)"
+            )
+        return value
+
     @model_validator(mode="after")
     def _check_provider_keys(self) -> ModelProfile:
         rules = KINDS[self.provider]
@@ -488,6 +515,13 @@ class ModelProfile(_Strict):
             return self.external_url.rstrip("/") + "/v1"
         url = self.base_url or KINDS[self.provider].default_base_url
         return url.rstrip("/")
+
+    @property
+    def api_version(self) -> str | None:
+        """The API version the profile's requests name: its ``anthropic_version``, else the
+        newest its kind speaks; None for a kind without versions."""
+        versions = KINDS[self.provider].anthropic_versions
+        return self.anthropic_version or (versions[0] if versions else None)
 
     def _key_in_environment(self) -> str | None:
         if not self.api_key_env:
@@ -671,10 +705,11 @@ def _is_ip_address(text: str) -> bool:
     return True
 
 
-def _quoted(names: list[str]) -> str:
-    """'a', 'b' and 'c'."""
+def _quoted(names: list[str], conjunction: str = "and") -> str:
+    """'a', 'b' and 'c' (or another conjunction)."""
     quoted = [repr(n) for n in names]
-    return " and ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
+    joined = [", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted
+    return f" {conjunction} ".join(joined)
 
 
 def _line_index(text: str) -> dict[tuple[str, ...], int]:

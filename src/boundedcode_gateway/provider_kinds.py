@@ -11,6 +11,10 @@ from typing import Literal
 
 ProviderKind = Literal["local", "openai", "openai-compatible", "anthropic", "gemini"]
 
+# the Messages API versions (``anthropic-version``) an Anthropic profile may name, newest
+# first: the newest is what a profile that names none speaks
+ANTHROPIC_VERSIONS = ("2026-10-21", "2023-06-01")
+
 
 @dataclass(frozen=True, slots=True)
 class KindRules:
@@ -24,6 +28,9 @@ class KindRules:
     takes_thinking: bool = False
     # ``external_url``, ``model_path`` and ``server``: a server on this machine
     local: bool = False
+    # ``anthropic_version``: the API versions a profile may pin, newest first (none: the
+    # kind takes no such key)
+    anthropic_versions: tuple[str, ...] = ()
 
 
 KINDS: dict[str, KindRules] = {
@@ -31,7 +38,10 @@ KINDS: dict[str, KindRules] = {
     "openai": KindRules(default_base_url="https://api.openai.com/v1", needs_api_key=True),
     "openai-compatible": KindRules(needs_base_url=True),
     "anthropic": KindRules(
-        default_base_url="https://api.anthropic.com/v1", needs_api_key=True, takes_thinking=True
+        default_base_url="https://api.anthropic.com/v1",
+        needs_api_key=True,
+        takes_thinking=True,
+        anthropic_versions=ANTHROPIC_VERSIONS,
     ),
     "gemini": KindRules(
         default_base_url="https://generativelanguage.googleapis.com/v1beta",

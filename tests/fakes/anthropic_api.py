@@ -1,5 +1,11 @@
 """A fake Anthropic Messages API (``POST /v1/messages``) that behaves like the real one.
 
+- The key comes in ``x-api-key`` or, as the SDK's 2.x releases send it,
+  ``Authorization: Bearer`` (``x-api-key`` wins when both come).
+- ``anthropic-version`` is required, and each version's rules apply: ``2023-06-01``
+  takes ``temperature``, ``top_p`` and ``top_k`` (checked here by hand, since the SDK's
+  2.x types no longer list them); ``2026-10-21`` refuses them even at their defaults,
+  refuses a ``document`` block in an assistant turn and ``citations`` on a user's text.
 - Every body is checked against the official SDK's request types (a pydantic
   ``TypeAdapter`` over ``MessageCreateParams``, each message validated too), and
   top-level keys the API does not know are refused.
@@ -55,8 +61,13 @@ from tests.fakes.common import (
 
 _PARAMS = TypeAdapter(MessageCreateParams)
 _MESSAGES = TypeAdapter(list[MessageParam])
-_KNOWN_KEYS = frozenset(get_type_hints(MessageCreateParamsBase)) | {"stream"}
 _SAMPLING_KEYS = frozenset({"temperature", "top_p", "top_k"})
+# whichever SDK is installed (its 2.x types have no sampling keys, its 0.x ones have them)
+_KNOWN_KEYS = (frozenset(get_type_hints(MessageCreateParamsBase)) | {"stream"}) - _SAMPLING_KEYS
+OLD_VERSION = "2023-06-01"
+NEW_VERSION = "2026-10-21"
+# the versions served here; the real API may still serve 2023-01-01 to its older users
+VERSIONS = frozenset({OLD_VERSION, NEW_VERSION})
 
 MISSING_THINKING = (
     "messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
@@ -69,6 +80,20 @@ MISSING_THINKING = (
 INVALID_SIGNATURE = "messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
 FORCED_TOOL = "Thinking may not be enabled when tool_choice forces tool use."
 PROMPT_TOO_LONG = "prompt is too long: {n} tokens > {m} maximum"
+# Anthropic's words for an unknown version and, under 2026-10-21, for a removed field (as
+# users quote them); for a model that refuses sampling under 2023-06-01 (Opus 4.7 on)
+BAD_VERSION = 'anthropic-version: "{v}" is not a valid version'
+EXTRA_INPUT = "{key}: Extra inputs are not permitted"
+SAMPLING_DEPRECATED = "`{key}` is deprecated for this model."
+# 2026-10-21's content rules; no quoted wording was found, so these are worded the way
+# Anthropic words its other content errors (the block's path, then the rule)
+ASSISTANT_DOCUMENT = (
+    "messages.{i}.content.{j}: `document` blocks are not allowed in `assistant` messages"
+)
+USER_CITATIONS = (
+    "messages.{i}.content.{j}.citations: `citations` may only be empty on `text` blocks "
+    "in `user` messages"
+)
 
 
 def error_body(kind: str, message: str) -> JSON:
@@ -207,7 +232,7 @@ class FakeAnthropic:
         self.context_window = context_window
         self.reject_schema = reject_schema
         self.tokens_per_delta = tokens_per_delta
-        # False: the newer API, whose request types have no temperature, top_p or top_k
+        # False: a model that refuses temperature, top_p and top_k under 2023-06-01 too
         self.sampling_params = sampling_params
         self.requests = Recorder()
         self.replies: deque[Reply] = deque()
@@ -242,8 +267,8 @@ class FakeAnthropic:
     async def _messages(self, req: HttpRequest, link: CallerLink) -> None:
         if req.method != "POST" or req.path != "/v1/messages":
             raise AnthropicError(404, error_body("not_found_error", "Not found"))
-        self._check_headers(req)
-        body = self._validate(req)
+        version = self._check_headers(req)
+        body = self._validate(req, version)
         reply = self.replies.popleft() if self.replies else Reply()
         if not await wait_to_answer(link, reply):
             return
@@ -259,25 +284,39 @@ class FakeAnthropic:
 
     # -- checks
 
-    def _check_headers(self, req: HttpRequest) -> None:
-        if req.headers.get("x-api-key") != self.api_key:
+    def _check_headers(self, req: HttpRequest) -> str:
+        """The request's API version, once its key is right."""
+        key = req.headers.get("x-api-key")
+        if key is None:
+            key = req.headers.get("authorization", "").removeprefix("Bearer ")
+        if key != self.api_key:
             raise AnthropicError(401, error_body("authentication_error", "invalid x-api-key"))
-        if req.headers.get("anthropic-version") != "2023-06-01":
+        version = req.headers.get("anthropic-version")
+        if version is None:
             raise _invalid("anthropic-version: header is required")
+        if version not in VERSIONS:
+            raise _invalid(BAD_VERSION.format(v=version))
+        return version
 
-    def _validate(self, req: HttpRequest) -> JSON:
+    def _validate(self, req: HttpRequest, version: str) -> JSON:
         body = req.try_json()
         if not isinstance(body, dict):
             raise _invalid("The request body is not valid JSON.")
-        known = _KNOWN_KEYS if self.sampling_params else _KNOWN_KEYS - _SAMPLING_KEYS
-        unknown = sorted(set(body) - known)
+        known = _KNOWN_KEYS | (_SAMPLING_KEYS if version == OLD_VERSION else set())
+        unknown = sorted(set(body) - known, key=list(body).index)
         if unknown:
-            raise _invalid(f"{unknown[0]}: Extra inputs are not permitted")
+            raise _invalid(EXTRA_INPUT.format(key=unknown[0]))
+        _check_sampling(body)
+        if not self.sampling_params and (refused := sorted(_SAMPLING_KEYS & set(body))):
+            raise _invalid(SAMPLING_DEPRECATED.format(key=refused[0]))
+        typed = {k: v for k, v in body.items() if k not in _SAMPLING_KEYS}
         try:
-            _PARAMS.validate_python(body)
+            _PARAMS.validate_python(typed)
             _MESSAGES.validate_python(body["messages"])
         except ValidationError as exc:
             raise _invalid(str(exc).splitlines()[0] + ": " + str(exc.errors()[0]["msg"])) from None
+        if version == NEW_VERSION:
+            _check_new_content(body["messages"])
         self._check_turns(body)
         if self.reject_schema and "format" in (body.get("output_config") or {}):
             raise _invalid("output_config.format: structured outputs are not supported")
@@ -431,6 +470,47 @@ class FakeAnthropic:
         await play_stream(
             link, {**headers, "content-type": "text/event-stream"}, chunks, reply, error_event=error
         )
+
+
+def _check_sampling(body: JSON) -> None:
+    """2023-06-01's sampling parameters, by hand: the SDK's 2.x types no longer have them."""
+    for key in ("temperature", "top_p"):
+        if key not in body:
+            continue
+        value = body[key]
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise _invalid(f"{key}: Input should be a valid number")
+        if value > 1:
+            raise _invalid(f"{key}: Input should be less than or equal to 1")
+        if value < 0:
+            raise _invalid(f"{key}: Input should be greater than or equal to 0")
+    top_k = body.get("top_k")
+    if "top_k" in body and (not isinstance(top_k, int) or isinstance(top_k, bool)):
+        raise _invalid("top_k: Input should be a valid integer")
+    if isinstance(top_k, int) and top_k < 0:
+        raise _invalid("top_k: Input should be greater than or equal to 0")
+
+
+def _citing(block: Any) -> bool:
+    """A text block with non-empty citations, directly or inside a search result."""
+    if not isinstance(block, dict):
+        return False
+    if block.get("type") == "text":
+        return bool(block.get("citations"))
+    if block.get("type") == "search_result":
+        return any(_citing(inner) for inner in block.get("content") or ())
+    return False
+
+
+def _check_new_content(messages: list[JSON]) -> None:
+    """What 2026-10-21 refuses in the turns' content."""
+    for i, msg in enumerate(messages):
+        content = msg["content"]
+        for j, block in enumerate(content if isinstance(content, list) else ()):
+            if msg["role"] == "assistant" and block.get("type") == "document":
+                raise _invalid(ASSISTANT_DOCUMENT.format(i=i, j=j))
+            if msg["role"] == "user" and _citing(block):
+                raise _invalid(USER_CITATIONS.format(i=i, j=j))
 
 
 def _error_for(status: int) -> JSON:

@@ -14,7 +14,7 @@ import openai
 import orjson
 import pytest
 
-from tests.e2e.anthropic.conftest import Claude
+from tests.e2e.anthropic.conftest import ANTHROPIC_KEY, Claude
 from tests.e2e.conftest import Gateway, GatewayFactory
 from tests.fakes.anthropic_api import AnthropicReply
 from tests.fakes.common import Reply
@@ -343,7 +343,7 @@ def test_a_model_that_refuses_sampling_gets_none_from_then_on(
     claude: Claude, start_gateway: GatewayFactory
 ) -> None:
     claude.fake.sampling_params = False
-    gw = start_gateway(claude.profiles)
+    gw = start_gateway({"haiku": claude.profile(anthropic_version="2023-06-01")})
     client = gw.client()
     for _ in range(2):
         out = client.chat.completions.create(
@@ -355,3 +355,48 @@ def test_a_model_that_refuses_sampling_gets_none_from_then_on(
     assert [a["status"] for a in second["attempt_log"]] == [200]
     assert second["adjustments"] == {"sampling_dropped": ["temperature", "top_p"]}
     assert "temperature" not in claude.fake.requests.bodies("/v1/messages")[-1]
+
+
+def test_the_newest_version_is_sent_and_what_it_removed_is_dropped_with_a_note(
+    claude: Claude, start_gateway: GatewayFactory
+) -> None:
+    gw = start_gateway(claude.profiles)
+    out = gw.client().chat.completions.create(
+        model="haiku",
+        messages=[{"role": "user", "content": "hi"}],
+        temperature=0,
+        top_p=1,
+        stop=["END"],
+    )
+    assert out.choices[0].message.content == "ok"
+    sent = claude.fake.requests.last
+    assert sent.headers["anthropic-version"] == "2026-10-21"
+    # the upstream key stays an API key under the new version, never a bearer token
+    assert sent.headers["x-api-key"] == ANTHROPIC_KEY and "authorization" not in sent.headers
+    assert {"temperature", "top_p"}.isdisjoint(sent.body)
+    assert sent.body["stop_sequences"] == ["END"]
+    (call,) = gw.calls()
+    assert [a["status"] for a in call["attempt_log"]] == [200]  # not refused first
+    assert call["adjustments"] == {
+        "dropped_for_api_version": {"version": "2026-10-21", "fields": ["temperature", "top_p"]}
+    }
+
+
+def test_a_profile_pinned_to_2023_06_01_sends_sampling_as_before(
+    claude: Claude, start_gateway: GatewayFactory
+) -> None:
+    gw = start_gateway({"haiku": claude.profile(anthropic_version="2023-06-01")})
+    client = gw.client()
+    for stream in (False, True):
+        asked: dict[str, Any] = {"model": "haiku", "temperature": 0.3, "top_p": 0.8}
+        messages: list[Any] = [{"role": "user", "content": "hi"}]
+        if stream:
+            chunks = client.chat.completions.create(messages=messages, stream=True, **asked)
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "ok"
+        else:
+            whole = client.chat.completions.create(messages=messages, **asked)
+            assert whole.choices[0].message.content == "ok"
+        sent = claude.fake.requests.last
+        assert sent.headers["anthropic-version"] == "2023-06-01"
+        assert (sent.body["temperature"], sent.body["top_p"]) == (0.3, 0.8)
+    assert all(call["adjustments"] == {} for call in gw.calls())

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
@@ -124,3 +125,140 @@ def test_the_fake_refuses_unknown_fields(fake: tuple[FakeAnthropic, anthropic.An
     _, client = fake
     with pytest.raises(anthropic.BadRequestError, match="frequency_penalty"):
         client.messages.create(**_thinking_request(extra_body={"frequency_penalty": 1}))
+
+
+# --------------------------------------------------------------------------- API versions
+
+
+def _client_for(url: str, version: str) -> anthropic.Anthropic:
+    """The SDK sending ``version`` (its 2.x releases send 2026-10-21 on their own)."""
+    return anthropic.Anthropic(
+        base_url=url, api_key=KEY, max_retries=0, default_headers={"anthropic-version": version}
+    )
+
+
+def _plain(**extra: Any) -> dict[str, Any]:
+    return {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hi"}],
+        **extra,
+    }
+
+
+def test_the_key_comes_as_x_api_key_or_as_a_bearer_token() -> None:
+    fake = FakeAnthropic(api_key=KEY)
+    with serve_in_thread(fake.app) as server, httpx.Client(base_url=server.url) as http:
+        version = {"anthropic-version": "2026-10-21"}
+        for headers, status in [
+            ({"x-api-key": KEY}, 200),
+            ({"authorization": f"Bearer {KEY}"}, 200),
+            ({"x-api-key": "wrong", "authorization": f"Bearer {KEY}"}, 401),  # x-api-key wins
+            ({"authorization": "Bearer wrong"}, 401),
+        ]:
+            answer = http.post("/v1/messages", json=_plain(), headers={**version, **headers})
+            assert answer.status_code == status, headers
+
+
+def test_the_version_is_required_and_must_be_one_the_api_serves() -> None:
+    fake = FakeAnthropic(api_key=KEY)
+    with serve_in_thread(fake.app) as server, httpx.Client(base_url=server.url) as http:
+        missing = http.post("/v1/messages", json=_plain(), headers={"x-api-key": KEY})
+        assert missing.json()["error"]["message"] == "anthropic-version: header is required"
+        bad = http.post(
+            "/v1/messages",
+            json=_plain(),
+            headers={"x-api-key": KEY, "anthropic-version": "2024-10-22"},
+        )
+        assert bad.status_code == 400
+        assert bad.json()["error"] == {
+            "type": "invalid_request_error",
+            "message": 'anthropic-version: "2024-10-22" is not a valid version',
+        }
+
+
+@pytest.fixture
+def newest() -> Iterator[tuple[FakeAnthropic, anthropic.Anthropic]]:
+    """The fake, and the SDK sending 2026-10-21 whichever release of it is installed."""
+    fake = FakeAnthropic(api_key=KEY)
+    with serve_in_thread(fake.app) as server, _client_for(server.url, "2026-10-21") as client:
+        yield fake, client
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "top_k"])
+def test_2026_10_21_refuses_sampling_even_at_its_default(
+    newest: tuple[FakeAnthropic, anthropic.Anthropic], field: str
+) -> None:
+    server, client = newest
+    default = {"temperature": 1, "top_p": 1, "top_k": 0}[field]
+    with pytest.raises(anthropic.BadRequestError) as info:
+        client.messages.create(**_plain(extra_body={field: default}))
+    assert info.value.status_code == 400
+    assert info.value.body["error"] == {  # type: ignore[index]
+        "type": "invalid_request_error",
+        "message": f"{field}: Extra inputs are not permitted",
+    }
+    assert server.requests.last.headers["anthropic-version"] == "2026-10-21"
+
+
+def test_2026_10_21_refuses_an_assistant_document_and_user_citations(
+    newest: tuple[FakeAnthropic, anthropic.Anthropic],
+) -> None:
+    _, client = newest
+    document = {
+        "type": "document",
+        "source": {"type": "text", "media_type": "text/plain", "data": "d"},
+    }
+    turns: list[Any] = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [document]},
+        {"role": "user", "content": "go on"},
+    ]
+    with pytest.raises(anthropic.BadRequestError, match=r"messages\.1\.content\.0: `document`"):
+        client.messages.create(**_plain(messages=turns))
+    cited = {
+        "type": "text",
+        "text": "t",
+        "citations": [
+            {
+                "type": "char_location",
+                "cited_text": "d",
+                "document_index": 0,
+                "document_title": None,
+                "start_char_index": 0,
+                "end_char_index": 1,
+            }
+        ],
+    }
+    result = {
+        "type": "search_result",
+        "source": "s",
+        "title": "t",
+        "content": [cited],
+    }
+    for block in (cited, result):
+        with pytest.raises(anthropic.BadRequestError, match=r"messages\.0\.content\.0\.citations"):
+            client.messages.create(**_plain(messages=[{"role": "user", "content": [block]}]))
+    # empty citations are no citations
+    assert client.messages.create(
+        **_plain(messages=[{"role": "user", "content": [{**cited, "citations": []}]}])
+    ).content
+
+
+def test_2023_06_01_takes_sampling_and_checks_it_by_hand() -> None:
+    fake = FakeAnthropic(api_key=KEY)
+    with serve_in_thread(fake.app) as server, _client_for(server.url, "2023-06-01") as client:
+        sampled = {"temperature": 0.2, "top_p": 0.9, "top_k": 40}
+        assert client.messages.create(**_plain(extra_body=sampled)).content
+        assert fake.requests.last.body["top_k"] == 40
+        for bad, message in [
+            ({"temperature": 1.5}, "temperature: Input should be less than or equal to 1"),
+            ({"top_p": -0.1}, "top_p: Input should be greater than or equal to 0"),
+            ({"top_k": "40"}, "top_k: Input should be a valid integer"),
+        ]:
+            with pytest.raises(anthropic.BadRequestError, match=message):
+                client.messages.create(**_plain(extra_body=bad))
+        # a model that takes no sampling parameters, under the old version too
+        fake.sampling_params = False
+        with pytest.raises(anthropic.BadRequestError, match="`top_p` is deprecated"):
+            client.messages.create(**_plain(extra_body={"top_p": 0.9}))

@@ -7,10 +7,12 @@ tool_use / tool_result, tool_choice, thinking, output_config, cache_control).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_type_hints
 
 import pytest
-from anthropic.types.message_create_params import MessageCreateParams
+from anthropic.types.message_create_params import MessageCreateParams, MessageCreateParamsBase
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
 from boundedcode_gateway.config import ThinkingSettings
@@ -27,12 +29,25 @@ TARGET = AnthropicTarget("claude-sonnet-4-5", max_tokens=4096)
 THINKING = AnthropicTarget(
     "claude-sonnet-4-5", max_tokens=8192, thinking=ThinkingSettings(budget_tokens=2048)
 )
+# the version that still takes sampling parameters
+OLD_TARGET = AnthropicTarget("claude-sonnet-4-5", max_tokens=4096, api_version="2023-06-01")
+OLD_THINKING = AnthropicTarget(
+    "claude-sonnet-4-5",
+    max_tokens=8192,
+    thinking=ThinkingSettings(budget_tokens=2048),
+    api_version="2023-06-01",
+)
 _PARAMS = TypeAdapter(MessageCreateParams)
+_SAMPLING = frozenset({"temperature", "top_p", "top_k"})
+# the SDK's top-level keys, less the sampling ones (its 2.x types have none, 0.x ones do)
+_SDK_KEYS = (frozenset(get_type_hints(MessageCreateParamsBase)) | {"stream"}) - _SAMPLING
 
 
 def translate(body: dict[str, Any], target: AnthropicTarget = TARGET, **kw: Any) -> dict[str, Any]:
     out = to_anthropic_request(body, target, stream=False, **kw).body
-    _PARAMS.validate_python(out)  # the official SDK's request type accepts it
+    # the official SDK's request type accepts it, and every key is one the version takes
+    _PARAMS.validate_python({k: v for k, v in out.items() if k not in _SAMPLING})
+    assert set(out) <= _SDK_KEYS | (_SAMPLING if target.api_version == "2023-06-01" else set())
     return out
 
 
@@ -212,6 +227,7 @@ def test_sampling_and_limits() -> None:
             "messages": [{"role": "user", "content": "hi"}],
             "temperature": 1.7,
             "top_p": 0.9,
+            "top_k": 40,
             "stop": "END",
             "max_completion_tokens": 300,
             "max_tokens": 999,
@@ -219,10 +235,13 @@ def test_sampling_and_limits() -> None:
             "presence_penalty": 0.5,
             "seed": 3,
             "logprobs": True,
-        }
+        },
+        OLD_TARGET,
     )
+    # by hand: the SDK's 2.x request types no longer list the sampling parameters
     assert out["temperature"] == 1.0  # Anthropic's range ends at 1
     assert out["top_p"] == 0.9
+    assert out["top_k"] == 40
     assert out["stop_sequences"] == ["END"]
     assert out["max_tokens"] == 300  # max_completion_tokens wins
     assert out["metadata"] == {"user_id": "u-1"}
@@ -255,9 +274,9 @@ def test_thinking_turns_off_when_max_tokens_leaves_no_room() -> None:
 
 def test_temperature_is_dropped_while_thinking() -> None:
     body = {"model": "claude", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.2}
-    result = to_anthropic_request(body, THINKING, stream=False)
+    result = to_anthropic_request(body, OLD_THINKING, stream=False)
     assert "temperature" not in result.body
-    assert result.adjustments["sampling_dropped"] == ["temperature"]
+    assert result.adjustments == {"sampling_dropped": ["temperature"]}
 
 
 def test_schema_goes_to_output_config_format_with_objects_closed() -> None:
@@ -405,3 +424,78 @@ def test_bad_input_is_a_clear_error() -> None:
                 ],
             }
         )
+
+
+# --------------------------------------------------------------------------- API versions
+
+_HI = [{"role": "user", "content": "hi"}]
+
+
+def test_the_newest_version_is_the_default_and_drops_sampling_with_a_note() -> None:
+    assert TARGET.api_version == "2026-10-21"
+    body = {"model": "c", "messages": _HI, "temperature": 0, "top_p": 1, "top_k": 5, "stop": "X"}
+    result = to_anthropic_request(body, TARGET, stream=False)
+    assert _SAMPLING.isdisjoint(result.body)
+    assert result.body["stop_sequences"] == ["X"]
+    assert result.adjustments == {
+        "dropped_for_api_version": {
+            "version": "2026-10-21",
+            "fields": ["temperature", "top_p", "top_k"],
+        }
+    }
+    translate(body)
+
+
+def test_only_what_the_caller_sent_is_named_and_nothing_is_noted_without_it() -> None:
+    one = to_anthropic_request({"model": "c", "messages": _HI, "top_p": 0.5}, TARGET, stream=False)
+    assert one.adjustments == {
+        "dropped_for_api_version": {"version": "2026-10-21", "fields": ["top_p"]}
+    }
+    none = to_anthropic_request({"model": "c", "messages": _HI}, TARGET, stream=False)
+    assert none.adjustments == {}
+
+
+def test_the_version_is_the_reason_given_while_thinking_too() -> None:
+    body = {"model": "c", "messages": _HI, "temperature": 0.2}
+    result = to_anthropic_request(body, THINKING, stream=False)
+    assert result.adjustments["dropped_for_api_version"]["fields"] == ["temperature"]
+    assert "sampling_dropped" not in result.adjustments
+
+
+def test_2023_06_01_sends_sampling_as_before_and_drops_it_for_a_refusing_model() -> None:
+    body = {"model": "c", "messages": _HI, "temperature": 0.2, "top_p": 0.9, "top_k": 3}
+    sent = to_anthropic_request(body, OLD_TARGET, stream=False)
+    assert (sent.body["temperature"], sent.body["top_p"], sent.body["top_k"]) == (0.2, 0.9, 3)
+    assert sent.adjustments == {}
+    refused = to_anthropic_request(body, OLD_TARGET, stream=False, sampling=False)
+    assert _SAMPLING.isdisjoint(refused.body)
+    assert refused.adjustments == {"sampling_dropped": ["temperature", "top_p", "top_k"]}
+
+
+def test_a_top_k_anthropic_cannot_take_is_a_clear_error_where_it_is_sent() -> None:
+    for bad in ("40", 1.5, -1, True):
+        body = {"model": "c", "messages": _HI, "top_k": bad}
+        with pytest.raises(InvalidRequest, match="top_k"):
+            to_anthropic_request(body, OLD_TARGET, stream=False)
+        # the newest version sends no top_k at all, so there is nothing to refuse
+        assert "top_k" not in to_anthropic_request(body, TARGET, stream=False).body
+
+
+_SAMPLING_VALUES = st.one_of(st.none(), st.floats(0, 2), st.integers(0, 500))
+
+
+@given(
+    temperature=_SAMPLING_VALUES,
+    top_p=_SAMPLING_VALUES,
+    top_k=st.one_of(st.none(), st.integers(0, 500)),
+    thinking=st.booleans(),
+)
+def test_the_newest_version_never_sends_what_it_removed_and_names_all_of_it(
+    temperature: float | None, top_p: float | None, top_k: int | None, thinking: bool
+) -> None:
+    sent = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+    body = {"model": "c", "messages": _HI, **{k: v for k, v in sent.items() if v is not None}}
+    result = to_anthropic_request(body, THINKING if thinking else TARGET, stream=False)
+    assert _SAMPLING.isdisjoint(result.body)
+    named = result.adjustments.get("dropped_for_api_version", {}).get("fields", [])
+    assert named == [k for k, v in sent.items() if v is not None]

@@ -27,6 +27,11 @@ from boundedcode_gateway.providers.anthropic.response import (
     from_anthropic_response,
 )
 from boundedcode_gateway.providers.anthropic.stream import AnthropicStreamTranslator
+from boundedcode_gateway.providers.anthropic.versions import (
+    NEWEST,
+    SAMPLING_FIELDS,
+    removed_fields,
+)
 from boundedcode_gateway.providers.base import (
     ChatCall,
     PreparedRequest,
@@ -42,8 +47,7 @@ log = logging.getLogger(__name__)
 
 # the reasoning store's file for thinking blocks, byte for byte, in each task's folder
 REASONING_FILES = {THINKING_KIND: "anthropic-thinking.jsonl"}
-ANTHROPIC_VERSION = "2023-06-01"
-# newer models take no sampling parameters (the SDK's 1.x request types lost them)
+# under 2023-06-01, newer models refuse sampling parameters on their own account
 SAMPLING_REFUSAL = re.compile(r"\b(temperature|top_p|top_k)\b")
 # Anthropic's SDK resends these; 529 is its overload. A spent budget (429) is final.
 ANTHROPIC_RETRY = RetryRules(
@@ -80,10 +84,15 @@ class AnthropicUpstream(TranslatingUpstream):
 
     def __init__(self, name: str, profile: ModelProfile, config: GatewayConfig, http: HttpClient):
         super().__init__(name, profile, config, http)
-        self._target = AnthropicTarget(self.upstream_model, profile.max_tokens, profile.thinking)
+        self._version = profile.api_version or NEWEST
+        self._target = AnthropicTarget(
+            self.upstream_model, profile.max_tokens, profile.thinking, self._version
+        )
         self._url = profile.upstream_base_url + "/messages"
-        # set once the model refused temperature / top_p: they are left out from then on
+        # set once the model refused temperature / top_p / top_k: they are left out from then
+        # on; a version that removed them has nothing to learn
         self._sampling_refused = False
+        self._sampling_removed = removed_fields(self._version) >= set(SAMPLING_FIELDS)
 
     def prepare(self, call: ChatCall, send_schema: bool) -> PreparedRequest:
         """The Messages API request, with this profile's earlier thinking put back."""
@@ -105,8 +114,9 @@ class AnthropicUpstream(TranslatingUpstream):
         )
         headers = {
             "content-type": "application/json",
+            # an API key goes here under every version (Authorization is for OAuth tokens)
             "x-api-key": self._key(),
-            "anthropic-version": ANTHROPIC_VERSION,
+            "anthropic-version": self._version,
         }
         if stream:
             headers["accept"] = "text/event-stream"
@@ -119,7 +129,12 @@ class AnthropicUpstream(TranslatingUpstream):
 
     def learn_from_refusal(self, status: int, message: str) -> bool:
         """A model that refuses sampling parameters gets none from now on."""
-        if status != 400 or self._sampling_refused or not SAMPLING_REFUSAL.search(message):
+        if (
+            status != 400
+            or self._sampling_refused
+            or self._sampling_removed
+            or not SAMPLING_REFUSAL.search(message)
+        ):
             return False
         self._sampling_refused = True
         log.warning(

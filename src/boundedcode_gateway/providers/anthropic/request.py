@@ -15,6 +15,11 @@ from typing import Any
 from boundedcode_gateway.config import ThinkingSettings
 from boundedcode_gateway.errors import InvalidRequest
 from boundedcode_gateway.policy.structured import RequestedSchema, closed_schema
+from boundedcode_gateway.providers.anthropic.versions import (
+    NEWEST,
+    SAMPLING_FIELDS,
+    removed_fields,
+)
 from boundedcode_gateway.providers.openai_shapes import (
     SYSTEM_ROLES,
     arguments_object,
@@ -74,11 +79,13 @@ class Translated:
 
 @dataclass(frozen=True, slots=True)
 class AnthropicTarget:
-    """What the profile decides for every request: the model and its defaults."""
+    """What the profile decides for every request: the model, its defaults, and the API
+    version the request is written for."""
 
     model: str
     max_tokens: int | None = None
     thinking: ThinkingSettings | None = None
+    api_version: str = NEWEST
 
 
 # --------------------------------------------------------------------------- content
@@ -286,18 +293,42 @@ def _mark_cache(
 # --------------------------------------------------------------------------- the request
 
 
+def _sampling_value(key: str, value: Any) -> Any:
+    if key == "temperature":
+        # Anthropic's range ends at 1, OpenAI's at 2
+        return min(float(value), 1.0)
+    if key == "top_k" and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise InvalidRequest("top_k: a whole number of 0 or more is required", param="top_k")
+    return value
+
+
 def _sampling(
-    body: dict[str, Any], out: dict[str, Any], allowed: bool, adjustments: dict[str, Any]
+    body: dict[str, Any],
+    out: dict[str, Any],
+    target: AnthropicTarget,
+    allowed: bool,
+    adjustments: dict[str, Any],
 ) -> None:
-    dropped = []
-    for key in ("temperature", "top_p"):
+    """The caller's sampling parameters, less those the API version removed (noted with
+    the version) and, when ``allowed`` is false, the rest (noted as ``sampling_dropped``)."""
+    removed = removed_fields(target.api_version)
+    by_version: list[str] = []
+    dropped: list[str] = []
+    for key in SAMPLING_FIELDS:
         value = body.get(key)
         if value is None:
             continue
-        if not allowed:
+        if key in removed:
+            by_version.append(key)
+        elif not allowed:
             dropped.append(key)
         else:
-            out[key] = min(float(value), 1.0) if key == "temperature" else value
+            out[key] = _sampling_value(key, value)
+    if by_version:
+        adjustments["dropped_for_api_version"] = {
+            "version": target.api_version,
+            "fields": by_version,
+        }
     if dropped:
         adjustments["sampling_dropped"] = dropped
     stops = stop_sequences(body.get("stop"))
@@ -320,8 +351,9 @@ def to_anthropic_request(
     schema: RequestedSchema | None = None,
     sampling: bool = True,
 ) -> Translated:
-    """The Messages API body for an OpenAI chat-completions body; ``sampling=False`` leaves
-    out temperature and top_p (a model that refuses them)."""
+    """The Messages API body for an OpenAI chat-completions body, written for the target's
+    API version; ``sampling=False`` leaves out temperature, top_p and top_k (a model that
+    refuses them)."""
     _check_unsupported(body)
     adjustments: dict[str, Any] = {}
     messages: list[Any] = body["messages"]
@@ -351,7 +383,7 @@ def to_anthropic_request(
     if thinking is not None:
         out["thinking"] = thinking
     # Anthropic refuses changed sampling while the model thinks
-    _sampling(body, out, sampling and thinking is None, adjustments)
+    _sampling(body, out, target, sampling and thinking is None, adjustments)
     output_config: dict[str, Any] = {}
     if effort is not None:
         output_config["effort"] = effort
