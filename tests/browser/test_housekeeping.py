@@ -22,12 +22,13 @@ def abandoned_repair(gw: Gateway, legacy: bool = False) -> str:
     as releases before the ``abandoned`` status wrote it: an error with that code)."""
     meter = Meter(gw.app.writer, CallContext.new(TASK, REPAIR_PURPOSE), "local")
     meter.record.provider = "local"
-    if legacy:
-        meter.record.error_code = "abandoned"
-        meter._submit("error", 499, "abandoned")
-    else:
+    if not legacy:
         meter.abandoned()
-    return meter.record.call_id
+        return meter.record.call_id
+    record = meter.record
+    record.status, record.http_status, record.error_code = "error", 499, "abandoned"
+    gw.app.writer.submit(record)
+    return record.call_id
 
 
 def test_an_abandoned_repair_is_muted_and_a_failure_is_red(

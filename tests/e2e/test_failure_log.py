@@ -196,7 +196,8 @@ def test_a_stream_broken_after_content_is_a_failure_line(
     assert record["error_code"] == "upstream_stream_broken" and record["stream"] is True
     (line,) = logged()
     assert line.startswith(
-        "call failed: front=chat model=gpt status=502 code=upstream_stream_broken stream=true"
+        "call failed: front=chat model=gpt status=502 code=upstream_stream_broken stream=true "
+        "after_content=true"
     )
 
 

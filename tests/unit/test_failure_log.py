@@ -64,12 +64,13 @@ def test_a_broken_stream_is_an_error_line_with_the_gateways_code() -> None:
         front="chat",
         stream=True,
         provider="local",
+        ttft_ms=41.5,  # its caller had a 200 and the first tokens
     )
     level, line = failure_line(record) or (0, "")
     assert level == logging.ERROR
     assert line.startswith(
         "call failed: front=chat model=local status=502 code=upstream_stream_broken "
-        "stream=true provider=local task=task-7"
+        "stream=true after_content=true provider=local task=task-7"
     )
     assert line.endswith('message="the upstream stream broke"')
 

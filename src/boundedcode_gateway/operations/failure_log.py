@@ -89,6 +89,8 @@ def failure_line(record: CallRecord) -> tuple[int, str] | None:
         ("status", record.http_status),
         ("code", record.error_code),
         ("stream", record.stream),
+        # the caller had its 200 and part of the answer: the error ended the stream
+        ("after_content", True if record.stream and record.ttft_ms is not None else None),
         ("provider", record.provider),
         ("task", record.task),
         ("purpose", record.purpose),
@@ -160,6 +162,10 @@ class FailureLog:
         except queue.Full:
             return
         thread.join(timeout)
+        if self.dropped:
+            self._logger.warning(
+                "%d lines of failed calls were dropped: stderr was slow", self.dropped
+            )
 
     def _put(self, item: tuple[int, str]) -> None:
         with self._lock:
