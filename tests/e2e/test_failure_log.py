@@ -18,7 +18,7 @@ import yaml
 from boundedcode_gateway.access.keys import key_digest, new_key
 from boundedcode_gateway.metering.calllog import read_calls
 from boundedcode_gateway.operations.failure_log import LOGGER_NAME
-from tests.e2e.conftest import Gateway, Upstreams
+from tests.e2e.conftest import Gateway, GatewayFactory, Upstreams
 from tests.e2e.test_cli import free_port, start_serve
 from tests.fakes.common import Reply
 from tests.fakes.llama_server import FakeLlamaServer
@@ -224,3 +224,28 @@ def _wait_two(gateway: Gateway) -> list[dict[str, Any]]:
         assert time.monotonic() < deadline, calls
         time.sleep(0.05)
     return calls
+
+
+def test_a_streamed_call_over_its_budget_is_a_429_line_and_keeps_its_stream(
+    upstreams: Upstreams, start_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+    budget = {"max_tokens": 1, "per": "day"}
+    ci = {"name": "ci", "sha256": key_digest("ci"), "models": ["*"], "budget": budget}
+    gw = start_gateway(upstreams.profiles, auth={"keys": [ci]})
+    client = gw.client(api_key="ci")
+    client.chat.completions.create(model="local", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(
+            model="local", stream=True, messages=[{"role": "user", "content": "again"}]
+        )
+    _, refused = gw.calls()
+    assert (refused["http_status"], refused["error_code"]) == (429, "budget_exceeded")
+    assert (refused["stream"], refused["provider"], refused["messages"]) == (True, "local", 1)
+    assert gw.app.failures.flush(10.0)
+    (line,) = lines_of(caplog)
+    assert line.startswith(
+        "call refused: front=chat model=local status=429 code=budget_exceeded stream=true "
+        "provider=local"
+    )
+    assert "caller=ci" in line and "Budget exceeded" in line
