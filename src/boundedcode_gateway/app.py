@@ -33,6 +33,7 @@ from boundedcode_gateway.metering.calllog import read_tail
 from boundedcode_gateway.metering.ledgers import prepare_ledger
 from boundedcode_gateway.metering.location import describe, explain
 from boundedcode_gateway.metering.writer import MeterWriter
+from boundedcode_gateway.operations.failure_log import FailureLog
 from boundedcode_gateway.operations.metrics import GatewayMetrics
 from boundedcode_gateway.policy.cache_misses import ContinuityTable
 from boundedcode_gateway.providers.base import Upstream
@@ -130,6 +131,9 @@ class GatewayApp:
             self.service, self.writer, self.events, state=self.state.database
         )
         self.writer.observe(self.metrics.observe)
+        # a line on stderr per failed or refused call
+        self.failures = FailureLog()
+        self.writer.observe(self.failures.observe)
         self.sweeper = (
             IdleTaskSweeper(self.state, retention.task_days)
             if retention.task_days is not None
@@ -146,7 +150,9 @@ class GatewayApp:
             listen_host,
         )
         fronts = fronts_by_path(Sealer.in_folder(config.data_path))
-        self.router = Router(self.service, self.metrics, self.body_parser, ui, fronts)
+        self.router = Router(
+            self.service, self.metrics, self.body_parser, ui, fronts, self.failures
+        )
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reload_lock = asyncio.Lock()
@@ -233,6 +239,7 @@ class GatewayApp:
         await self.service.close()
         await self.http.close()
         await asyncio.to_thread(self.writer.close)
+        await asyncio.to_thread(self.failures.close)
         await self.state.close()
         self.body_parser.close()
 

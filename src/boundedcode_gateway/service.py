@@ -31,6 +31,7 @@ from boundedcode_gateway.errors import GatewayError, ModelNotFound, internal_err
 from boundedcode_gateway.live_config import LiveConfig, Route
 from boundedcode_gateway.llama_server.cache_keeper import CacheKeeper
 from boundedcode_gateway.metering.meter import CallContext, Meter
+from boundedcode_gateway.metering.request_facts import RequestFacts
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy.cache_misses import ContinuityTable
 from boundedcode_gateway.policy.history_diff import History, HistoryTracker
@@ -92,9 +93,15 @@ class GatewayService:
         """Whether ``model`` names a live profile, or one retiring after a reload."""
         return model in self.live.routes or any(r.name == model for r in self._retiring)
 
-    def record_rejected(self, ctx: CallContext, model: str, exc: GatewayError) -> None:
-        """Meter a request refused before routing (bad input that still named a model)."""
-        Meter(self._writer, ctx, model, price=self.live.price_of(model)).error(exc)
+    def record_rejected(self, ctx: CallContext, asked: RequestFacts, exc: GatewayError) -> None:
+        """Meter a request refused before routing (bad input that still named a model), with
+        what it asked for: its stream flag, its messages, the provider its model names."""
+        model = asked.model
+        assert model is not None
+        meter = Meter(self._writer, ctx, model, asked.messages, self.live.price_of(model))
+        meter.record.stream = asked.stream
+        _resolved(meter, self.live.routes.get(model))
+        meter.error(exc)
 
     async def chat(self, ctx: CallContext, body: dict[str, Any]) -> JsonAnswer | StreamAnswer:
         """Answer one validated chat-completions request."""
@@ -106,8 +113,11 @@ class GatewayService:
             on_submit = route.leave
         price = self.live.price_of(model)
         meter = Meter(self._writer, ctx, model, len(body["messages"]), price, on_submit)
+        stream = body.get("stream") is True
+        # what a call refused before its flow (a budget, an unknown model) still says
+        meter.record.stream = stream
+        _resolved(meter, route)
         if self._events is not None:
-            stream = body.get("stream") is True
             # the name as the record keeps it: clipped once, by the meter
             shown = meter.record.model_profile
             self._events.started(ctx.call_id, ctx.task, ctx.purpose, shown, stream)
@@ -225,6 +235,13 @@ class GatewayService:
     def structured_output_refused(self, upstream: Upstream) -> bool:
         """Whether this profile's upstream refused a schema in its form (for the process's life)."""
         return (upstream.name, upstream.schema_form) in self._shared.schema_refused
+
+
+def _resolved(meter: Meter, route: Route | None) -> None:
+    """The record's provider and upstream model, where the call's model names a profile."""
+    if route is not None:
+        meter.record.provider = route.upstream.provider
+        meter.record.upstream_model = route.upstream.upstream_model
 
 
 def _end(

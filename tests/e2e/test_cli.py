@@ -124,7 +124,7 @@ def test_stop_signal_lets_in_flight_calls_finish_and_be_recorded(
     # a cache repair cut short by the stop is recorded as given up, never lost
     repairs = [c for c in calls if c["purpose"] == "cache_repair"]
     assert len(calls) == len(answered) + len(repairs)
-    assert all(c["status"] == "ok" or c["error_code"] == "abandoned" for c in repairs)
+    assert all(c["status"] in ("ok", "abandoned") for c in repairs)
 
 
 def test_an_open_page_of_calls_does_not_hold_the_stop(tmp_path: Path) -> None:
@@ -160,6 +160,18 @@ def test_calls_command_prints_the_table(tmp_path: Path) -> None:
                     headers={"X-BoundedCode-Task": task},
                     json={"model": "local", "messages": [{"role": "user", "content": "x"}]},
                 )
+            refused = httpx.post(
+                f"http://127.0.0.1:{port}/v1/messages",
+                timeout=10,
+                headers={"X-BoundedCode-Task": "alpha", "anthropic-version": "2023-06-01"},
+                json={
+                    "model": "local",
+                    "max_tokens": 8,
+                    "stream": True,
+                    "messages": [{"role": "robot", "content": "x"}],
+                },
+            )
+            assert refused.status_code == 400
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=30)
@@ -179,8 +191,17 @@ def test_calls_command_prints_the_table(tmp_path: Path) -> None:
         check=True,
     ).stdout
     lines = out.strip().splitlines()
-    assert lines[0].split()[:4] == ["started", "task", "purpose", "model"]
-    assert len([line for line in lines if " agent_turn " in line]) == 2
+    header = ["started", "task", "purpose", "front", "model", "status", "http", "error"]
+    assert lines[0].split()[:8] == header
+    turns = [line.split() for line in lines if " agent_turn " in line]
+    (refusal,) = [c for c in read_calls(tmp_path / "data" / "calls.jsonl") if c["front"] != "chat"]
+    assert refusal["error_code"]
+    assert [t[3:8] for t in turns] == [
+        ["chat", "local", "ok", "200", "-"],
+        ["chat", "local", "ok", "200", "-"],
+        # a refusal says which API refused it and why, not a bare "error 400"
+        ["messages", "local", "error", "400", refusal["error_code"]],
+    ]
     # the rest are the cache repairs that followed alpha's answers
     assert all(" cache_repair " in line for line in lines[1:] if " agent_turn " not in line)
     assert all(" alpha " in line for line in lines[1:])

@@ -274,6 +274,9 @@ def test_the_key_an_upstream_echoes_reaches_no_one(
     assert any(p.name == "ledger.db" for p in written)
     for path in written:
         assert_no_key(str(path), path.read_bytes())
+    # the lines of the failed calls, with the upstream's messages, are written by now
+    assert gw.app.failures.flush()
+    assert any(r.name == "boundedcode_gateway.calls" for r in caplog.records)
     assert_no_key("the gateway's log", caplog.text)
     for record in caplog.records:
         assert_no_key("a log record", f"{record.getMessage()} {record.exc_text or ''}")

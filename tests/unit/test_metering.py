@@ -268,7 +268,15 @@ def test_submit_drops_when_queue_full(
 def test_format_calls_table() -> None:
     rows = [
         make_record(1, cached_tokens=None, ttft_ms=12.34).to_dict(),
-        make_record(2, task="task-b", status="error", http_status=502, total_ms=None).to_dict(),
+        make_record(
+            2,
+            task="task-b",
+            status="error",
+            http_status=502,
+            error_code="upstream_stream_broken",
+            front="messages",
+            total_ms=None,
+        ).to_dict(),
     ]
     text = format_calls_table(rows)
     lines = text.splitlines()
@@ -278,9 +286,11 @@ def test_format_calls_table() -> None:
         "started",
         "task",
         "purpose",
+        "front",
         "model",
         "status",
         "http",
+        "error",
         "prompt",
         "cached",
         "evaluated",
@@ -294,12 +304,15 @@ def test_format_calls_table() -> None:
     ]
     first = lines[1].split()
     assert first[0] == "2026-01-02T03:04:05.001Z"
-    assert first[7] == "-"  # cached_tokens None
-    assert first[10] == "12.3"  # ttft_ms, one decimal
+    assert first[3] == "chat"
+    assert first[7] == "-"  # no error
+    assert first[9] == "-"  # cached_tokens None
+    assert first[12] == "12.3"  # ttft_ms, one decimal
     second = lines[2].split()
     assert second[1] == "task-b"
-    assert second[5] == "502"
-    assert second[11] == "-"  # total_ms None
+    assert second[3] == "messages"
+    assert second[6:8] == ["502", "upstream_stream_broken"]
+    assert second[13] == "-"  # total_ms None
     # Columns line up: every row is as wide as the header or narrower after rstrip.
     assert len({line.index("task-") for line in lines[1:]}) == 1
 

@@ -21,9 +21,12 @@ COLUMNS: tuple[tuple[str, str, bool], ...] = (
     ("started_at", "started", False),
     ("task", "task", False),
     ("purpose", "purpose", False),
+    ("front", "front", False),
     ("model_profile", "model", False),
     ("status", "status", False),
     ("http_status", "http", True),
+    # the gateway's code (`unsupported_field`, `upstream_stream_broken`), not only a status
+    ("error_code", "error", False),
     ("prompt_tokens", "prompt", True),
     ("cached_tokens", "cached", True),
     ("evaluated_tokens", "evaluated", True),

@@ -53,6 +53,8 @@ from boundedcode_gateway.ingress.validate import (
     requested_model,
 )
 from boundedcode_gateway.metering.meter import CallContext
+from boundedcode_gateway.metering.request_facts import RequestFacts
+from boundedcode_gateway.operations.failure_log import FailureLog
 from boundedcode_gateway.operations.metrics import GatewayMetrics
 from boundedcode_gateway.operations.readiness import readiness
 from boundedcode_gateway.service import GatewayService, JsonAnswer, StreamAnswer
@@ -154,8 +156,11 @@ class Router:
         body_parser: BodyParser | None = None,
         ui: UiRoutes | None = None,
         fronts: Mapping[str, Front] | None = None,
+        failures: FailureLog | None = None,
     ) -> None:
         self.service = service
+        # told of a call refused before it had a record (a recorded one is seen from it)
+        self.failures = failures
         # the fronts by their call's path (fronts/registry.py)
         self.fronts = fronts if fronts is not None else {"/v1/chat/completions": CHAT}
         self.metrics = metrics
@@ -171,6 +176,8 @@ class Router:
             return
         front, path_task = front_of(self.fronts, path)
         ui = self.ui if self.ui is not None and UiRoutes.serves(path) else None
+        # a call's own refusals, once it is past its access checks, are told by _call
+        calling = False
         try:
             host, origin, authorization, content_type = _access_headers(scope)
             # one configuration for the whole request, whatever a reload does meanwhile
@@ -191,6 +198,7 @@ class Router:
                 if method != "POST":
                     raise MethodNotAllowed(f"Use POST for {path}")
                 check_json_body(content_type)
+                calling = True
                 await self._call(
                     scope, receive, send, front, path_task, caller, live.max_body_bytes
                 )
@@ -206,10 +214,19 @@ class Router:
         except BodyTooLarge as exc:
             await send_error(send, exc, close=True, front=front)
         except GatewayError as exc:
+            self._unrecorded(front, exc, told=calling)
             await send_error(send, exc, front=front)
         except Exception:
             # a fault outside a call's own handling (a chat call records its own)
-            await send_error(send, internal_error(f"{method} {path}"), front=front)
+            error = internal_error(f"{method} {path}")
+            self._unrecorded(front, error)
+            await send_error(send, error, front=front)
+
+    def _unrecorded(self, front: Front | None, exc: GatewayError, told: bool = False) -> None:
+        """A call refused without a record (``front``: None for a request that is not a
+        call): its line on stderr all the same, unless ``told`` already."""
+        if self.failures is not None and front is not None and not told:
+            self.failures.refused(front.name, exc)
 
     async def _operations(self, send: Send, path: str, caller: Caller | None) -> None:
         """``/metrics`` (Prometheus' text format) and ``/ready`` (200, or 503 naming each
@@ -306,26 +323,40 @@ class Router:
         if front is not CHAT and isinstance(front, TokenCounter):
             await self._count(scope, receive, send, front, caller, max_body_bytes)
             return
-        raw = await read_request_body(scope, receive, max_body_bytes)
-        parsed: Any = await self.body_parser.parse(raw)
-        model = requested_model(parsed)
+        try:
+            raw = await read_request_body(scope, receive, max_body_bytes)
+            parsed: Any = await self.body_parser.parse(raw)
+        except GatewayError as exc:
+            self._unrecorded(front, exc)
+            raise
+        # what the request said, read once: a refusal on the way is recorded with it
+        asked = RequestFacts.of(parsed)
+        model = asked.model
         try:
             ctx = self._context(scope, path_task, caller, front)
-        except (InvalidRequest, Forbidden) as exc:
-            if model is not None:
-                refused = self._refused_context(scope, path_task, caller, front)
-                self.service.record_rejected(refused, model, exc)
+        except GatewayError as exc:
+            refused = self._refused_context(scope, path_task, caller, front)
+            self._rejected(front, refused, asked, exc)
             raise
         try:
             if caller is not None and model is not None:
                 check_model(caller, model)
             call = None if front is CHAT else front.open(parsed, _headers_of(scope))
             body = check_chat_body(parsed if call is None else call.body)
-        except (InvalidRequest, Forbidden) as exc:
-            if model is not None:
-                self.service.record_rejected(ctx, model, exc)
+        except GatewayError as exc:
+            self._rejected(front, ctx, asked, exc)
             raise
         await self._answer(receive, send, ctx, body, call)
+
+    def _rejected(
+        self, front: Front, ctx: CallContext, asked: RequestFacts, exc: GatewayError
+    ) -> None:
+        """A call refused before it was answered: recorded when it named a model (what a
+        record is kept under), told on stderr either way."""
+        if asked.model is not None:
+            self.service.record_rejected(ctx, asked, exc)
+        else:
+            self._unrecorded(front, exc)
 
     async def _count(
         self,

@@ -20,6 +20,8 @@ from boundedcode_gateway.text import clip
 from boundedcode_gateway.upstream.metrics import CallMetrics
 
 CLIENT_CLOSED = 499  # nginx's convention for "the caller went away"
+# what a record keeps of an error's message
+MAX_ERROR_MESSAGE_CHARS = 500
 
 
 @dataclass(slots=True)
@@ -117,14 +119,17 @@ class Meter:
         self._submit("ok", http_status, None)
 
     def error(self, exc: GatewayError) -> None:
+        if not self._done:
+            self.record.error_message = clip(exc.message, MAX_ERROR_MESSAGE_CHARS)
         self._submit("error", exc.http_status, exc.code or exc.type)
 
     def cancelled(self) -> None:
         self._submit("error", CLIENT_CLOSED, "client_disconnected")
 
     def abandoned(self) -> None:
-        """Work of the gateway's own that gave way to a caller's call."""
-        self._submit("error", CLIENT_CLOSED, "abandoned")
+        """Work of the gateway's own that gave way to a caller's call: not a failure (status
+        ``abandoned``); its HTTP request was closed before an answer, hence 499."""
+        self._submit("abandoned", CLIENT_CLOSED, "abandoned")
 
     def _submit(self, status: str, http_status: int, code: str | None) -> None:
         if self._done:

@@ -21,7 +21,8 @@ class CallRecord:
     provider: str | None = None
     upstream_model: str | None = None
     stream: bool = False
-    status: str = "error"  # "ok" | "error"
+    # "ok" | "error" | "abandoned" (the gateway's own work that gave way to a caller's call)
+    status: str = "error"
     http_status: int = 0
     error_code: str | None = None
     finish_reason: str | None = None
@@ -62,6 +63,9 @@ class CallRecord:
     adjustments: dict[str, Any] = field(default_factory=dict)
     # call log only: where the prompt stopped matching ({"message", "char"}), where known
     miss_at: dict[str, int] | None = None
+    # call log only: the error's message, clipped (the gateway's words, or the upstream's
+    # with its key redacted); None for a call that did not fail
+    error_message: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,7 +73,7 @@ class CallRecord:
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CallRecord))
 # the ledger keeps each call's final outcome; the per-attempt detail is in the call log
-CALL_LOG_ONLY = frozenset({"attempt_log", "adjustments", "miss_at"})
+CALL_LOG_ONLY = frozenset({"attempt_log", "adjustments", "miss_at", "error_message"})
 LEDGER_FIELDS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f not in CALL_LOG_ONLY)
 # a record a sink could not hold, and why
 Rejected = tuple[CallRecord, Exception]

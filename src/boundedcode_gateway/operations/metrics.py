@@ -177,7 +177,9 @@ class GatewayMetrics:
         series = self._series.get((model, purpose))
         if series is None:
             series = self._series[(model, purpose)] = _Series(self, model, purpose)
-        code = self._code(r.error_code) if r.error_code else ""
+        # only a failure has a code: the gateway's own work that gave way (``abandoned``)
+        # is not counted as one
+        code = self._code(r.error_code) if r.error_code and r.status == "error" else ""
         requests = series.requests.get((r.http_status, code))
         if requests is None:
             requests = self.requests.labels(model, purpose, str(r.http_status), code)

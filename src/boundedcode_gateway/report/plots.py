@@ -109,8 +109,9 @@ def _tokens_chart(report: TaskReport, path: Path) -> Path:
         missed = True
     for x, row in zip(xs, calls, strict=True):
         if row.status != "ok":
+            # "error", or "abandoned" for a cache repair that gave way (not a failure)
             ax.annotate(
-                "error",
+                "abandoned" if row.status == "abandoned" else "error",
                 (x, 0),
                 xytext=(0, 4),
                 textcoords="offset points",

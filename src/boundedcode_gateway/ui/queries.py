@@ -14,7 +14,7 @@ MAX_LIMIT = 500
 # a task picker's page of tasks
 DEFAULT_TASKS = 200
 MAX_TEXT = 256
-STATUSES = frozenset({"ok", "error"})
+STATUSES = frozenset({"ok", "error", "abandoned"})
 _CALL_PARAMS = frozenset({"task", "purpose", "model", "status", "since", "before", "limit"})
 _TASK_PARAMS = frozenset({"q", "limit"})
 
@@ -71,7 +71,7 @@ def call_filter(query_string: bytes) -> CallFilter:
     values = query_values(query_string, _CALL_PARAMS)
     status = values.get("status")
     if status is not None and status not in STATUSES:
-        raise InvalidRequest("'status' must be 'ok' or 'error'", param="status")
+        raise InvalidRequest("'status' must be 'ok', 'error' or 'abandoned'", param="status")
     since = values.get("since")
     before = None
     if "before" in values:

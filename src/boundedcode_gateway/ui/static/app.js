@@ -180,8 +180,27 @@
     return h("span", { class: `badge badge-${kind}`, data }, text);
   }
 
+  /** The gateway's own work that gave way to a caller's call: not a failure. (Records of
+   * earlier releases have status "error" and code "abandoned".) */
+  function isAbandoned(call) {
+    return call.status === "abandoned" || (call.purpose === REPAIR && call.error_code === "abandoned");
+  }
+
+  function failed(call) {
+    return call.status !== "ok" && !isAbandoned(call);
+  }
+
   function statusBadge(call) {
+    if (isAbandoned(call)) {
+      const text = call.purpose === REPAIR ? "repair abandoned" : "abandoned";
+      return badge(text, "abandoned", { status: "abandoned" });
+    }
     return badge(call.status || "?", call.status === "ok" ? "ok" : "error", { status: call.status });
+  }
+
+  /** What the badge is followed by: a failure's code (an abandoned call's badge says it). */
+  function errorCode(call) {
+    return failed(call) ? call.error_code || "" : "";
   }
 
   function stateBadge(state) {
@@ -455,7 +474,7 @@
               h("span", { class: "task" }, call.task),
               purposeChip(call.purpose),
               h("span", { class: "model" }, call.model_profile),
-              h("span", { class: "muted" }, call.error_code || tokens.join(", ")),
+              h("span", { class: "muted" }, errorCode(call) || tokens.join(", ")),
               h("span", { class: "num" }, fmt.ms(call.total_ms)),
               cacheCell(call),
             ),
@@ -694,7 +713,7 @@
               h("td", { class: "num" }, String(i + 1)),
               h("td", { class: "nowrap", title: fmt.time(call.started_at) }, fmt.when(call.started_at)),
               h("td", {}, purposeChip(call.purpose)),
-              h("td", {}, statusBadge(call), call.error_code ? " " + call.error_code : ""),
+              h("td", {}, statusBadge(call), errorCode(call) ? " " + errorCode(call) : ""),
               h("td", { class: "num" }, fmt.tokens(call.prompt_tokens)),
               h("td", { class: "num" }, fmt.tokens(call.cached_tokens)),
               h("td", { class: "num" }, fmt.tokens(call.evaluated_tokens)),
@@ -832,7 +851,7 @@
       const x0 = f.x(i) + (f.step - f.bar) / 2;
       const group = svg("a", {
         href: callLink(call.call_id),
-        class: `turn${call.purpose === REPAIR ? " repair" : ""}${call.status !== "ok" ? " failed" : ""}`,
+        class: `turn${call.purpose === REPAIR ? " repair" : ""}${failed(call) ? " failed" : ""}`,
         data: { callId: call.call_id, index: i + 1, purpose: call.purpose, status: call.status },
       });
       group.append(callTitle(call, i));
@@ -856,7 +875,7 @@
         }
         base += value;
       }
-      if (call.status !== "ok") {
+      if (failed(call)) {
         group.append(
           svg("text", { class: "fail-mark", x: x0 + f.bar / 2, y: plotBottom - 4, "text-anchor": "middle" }, "✕"),
         );
@@ -1048,8 +1067,8 @@
           h("td", { class: "task" }, call.task),
           h("td", {}, purposeChip(call.purpose)),
           h("td", {}, call.model_profile),
-          h("td", {}, statusBadge(call), call.http_status && call.status !== "ok" ? " " + call.http_status : ""),
-          h("td", { class: "code" }, call.error_code || ""),
+          h("td", {}, statusBadge(call), call.http_status && failed(call) ? " " + call.http_status : ""),
+          h("td", { class: "code" }, errorCode(call)),
           h("td", { class: "num" }, fmt.tokens(call.prompt_tokens)),
           h("td", { class: "num" }, fmt.tokens(call.cached_tokens)),
           h("td", { class: "num" }, fmt.tokens(call.completion_tokens)),
