@@ -158,7 +158,8 @@ class CallFlow:
         self._log = AttemptLog()
         self._changed: int | None = None
         self._stream = False
-        self._adjustments: dict[str, Any] = {}
+        # what the front left out of the request comes first; the adapter's follows
+        self._adjustments: dict[str, Any] = dict(meter.ctx.front_adjustments or {})
         self._structured_output: str | None = None
         self._schema_valid: bool | None = None
         self._miss: MissReport | None = None

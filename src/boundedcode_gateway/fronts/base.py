@@ -63,6 +63,21 @@ class Front(Protocol):
 
 
 @runtime_checkable
+class AdjustedCall(FrontCall, Protocol):
+    """A call whose translation left something of the request out (a tool no upstream
+    runs, …): the record's ``adjustments`` name it."""
+
+    adjustments: dict[str, Any]
+
+
+def front_adjustments(call: FrontCall | None) -> dict[str, Any]:
+    """What a front's translation noted of ``call`` for the record (nothing for most)."""
+    if call is None or not isinstance(call, AdjustedCall):
+        return {}
+    return call.adjustments
+
+
+@runtime_checkable
 class TokenCounter(Front, Protocol):
     """A front whose requests are counted, not answered: the chat body of the call it
     opens is rendered and its tokens counted, never sent; nothing is recorded."""

@@ -31,7 +31,14 @@ from boundedcode_gateway.errors import (
     NotFound,
     internal_error,
 )
-from boundedcode_gateway.fronts.base import CHAT, Front, FrontCall, FrontStream, TokenCounter
+from boundedcode_gateway.fronts.base import (
+    CHAT,
+    Front,
+    FrontCall,
+    FrontStream,
+    TokenCounter,
+    front_adjustments,
+)
 from boundedcode_gateway.ingress.body import BodyParser
 from boundedcode_gateway.ingress.render import (
     Message,
@@ -325,6 +332,7 @@ class Router:
             if model is not None:
                 self.service.record_rejected(ctx, model, exc)
             raise
+        ctx.front_adjustments = front_adjustments(call) or None
         await self._answer(receive, send, ctx, body, call)
 
     async def _count(

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.clock import utc_now_iso
@@ -37,6 +38,8 @@ class CallContext:
     caller: Caller | None = None
     # the API the caller spoke (fronts/): "chat", "messages", "responses"
     front: str = "chat"
+    # what the front's translation left out of the request, for the record's adjustments
+    front_adjustments: dict[str, Any] | None = None
 
     @classmethod
     def new(
