@@ -172,7 +172,9 @@ def _sorted(tools: list[Any]) -> tuple[list[tuple[int, JSON]], list[tuple[int, J
                 dropped.append(kind)
         else:
             raise refuse.invalid_value(
-                f"tools[{i}].type", kind or tool.get("type"), ("function", "namespace", *BUILT_IN)
+                f"tools[{i}].type",
+                kind or tool.get("type"),
+                ("function", "namespace", *sorted(BUILT_IN)),
             )
     return plain, spaces, dropped
 
@@ -278,7 +280,8 @@ def chat_tool_choice(choice: Any, tools: ServedTools) -> tuple[Any, list[JSON] |
         return {"type": "function", "function": {"name": name}}, None
     if kind == "allowed_tools":
         return _allowed(choice, tools)
-    if kind in BUILT_IN or kind in ("mcp", "custom", "apply_patch", "shell"):
+    # ``computer_use``: a tool_choice's name of the computer tool
+    if kind in BUILT_IN or kind == "computer_use":
         raise _not_served(kind)
     raise refuse.invalid_value(
         "tool_choice.type", choice.get("type"), ("function", "allowed_tools", *sorted(BUILT_IN))
