@@ -5,6 +5,7 @@ and Codex's own request, as Codex 0.171.0 sent it, taken whole."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,9 @@ def test_every_flat_name_is_unique_and_names_its_function_back(
     chat_names = [t["function"]["name"] for t in served.chat]
     assert len(chat_names) == len(set(chat_names))
     flat = chat_names[len(plain) :]
-    assert all(len(n) <= MAX_NAME for n in flat)
+    # names an OpenAI-shaped upstream takes
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{1,64}", n) for n in flat)
+    assert MAX_NAME == 64
     expected = [(ns, n) for ns, names in spaces.items() for n in names]
     assert [served.names.called(n) for n in flat] == [(n, ns) for ns, n in expected]
     assert [served.names.flat(ns, n) for ns, n in expected] == flat

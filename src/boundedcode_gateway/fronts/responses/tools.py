@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +31,9 @@ JSON = dict[str, Any]
 
 # the joint of a flat name, as Codex joins a namespace and a tool's name
 JOINT = "__"
-# the longest function name OpenAI-shaped upstreams take
+# the longest function name OpenAI-shaped upstreams take, and what one may hold
 MAX_NAME = 64
+_NOT_IN_NAMES = re.compile(r"[^A-Za-z0-9_-]")
 # tools of the Responses API that no upstream here runs: dropped, not refused
 BUILT_IN = frozenset(
     {
@@ -98,8 +100,10 @@ def joined(namespace: str, name: str) -> str:
 
 
 def _fitted(name: str) -> str:
-    """``name`` within the length an upstream takes: a long one keeps its start and gets a
-    short digest of the whole, so two long names stay apart."""
+    """``name`` as an upstream takes a function's name: only ``[A-Za-z0-9_-]`` (another
+    character becomes ``_``), and within the length, a long one keeping its start and
+    getting a short digest of the whole, so two long names stay apart."""
+    name = _NOT_IN_NAMES.sub("_", name)
     if len(name) <= MAX_NAME:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:8]
