@@ -97,18 +97,20 @@ def test_a_flat_name_steps_aside_for_a_function_of_that_name() -> None:
     assert echo.names.called("multi_agent_v1__spawn_agent_2") == ("spawn_agent", "multi_agent_v1")
 
 
+NAMES = st.text("ab_.", min_size=1, max_size=40)
+
+
 @given(
-    st.lists(
-        st.tuples(st.text("ab_", min_size=1, max_size=40), st.text("ab_", min_size=1, max_size=40)),
-        max_size=12,
-    ),
+    # (namespace, function, whether a plain function takes the pair's flat name too)
+    st.lists(st.tuples(NAMES, NAMES, st.booleans()), max_size=12),
     st.lists(st.text("ab_", min_size=1, max_size=70), max_size=6, unique=True),
 )
 def test_every_flat_name_is_unique_and_names_its_function_back(
-    spaced: list[tuple[str, str]], plain: list[str]
+    spaced: list[tuple[str, str, bool]], others: list[str]
 ) -> None:
+    plain = list(dict.fromkeys([*others, *(joined(ns, n) for ns, n, taken in spaced if taken)]))
     spaces: dict[str, list[str]] = {}
-    for namespace, name in spaced:
+    for namespace, name, _ in spaced:
         if name not in spaces.setdefault(namespace, []):
             spaces[namespace].append(name)
     tools: list[dict[str, Any]] = [function(n) for n in plain]
