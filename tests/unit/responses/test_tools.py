@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from boundedcode_gateway.fronts.responses.response import (
     function_call_item,
 )
 from boundedcode_gateway.fronts.responses.stream import ResponsesStream
-from boundedcode_gateway.fronts.responses.tools import MAX_NAME, joined, served_tools
+from boundedcode_gateway.fronts.responses.tools import BUILT_IN, MAX_NAME, joined, served_tools
 from boundedcode_gateway.fronts.sealing import Sealer
 from boundedcode_gateway.ingress.validate import check_chat_body
 
@@ -326,3 +327,31 @@ def test_codex_s_request_after_a_namespaced_call_gives_the_model_its_flat_name()
         if m.get("tool_calls")
     ]
     assert calls == [("call_ns1", "multi_agent_v1__close_agent"), ("call_ex1", "exec_command")]
+
+
+def _literal_types(union: Any) -> set[str]:
+    """The ``type`` values of a union of the SDK's TypedDicts."""
+    kinds: set[str] = set()
+    for member in typing.get_args(union):
+        hints = typing.get_type_hints(member)
+        for arg in typing.get_args(hints["type"]):
+            kinds.update(a for a in typing.get_args(arg) if isinstance(a, str))
+            if isinstance(arg, str):
+                kinds.add(arg)
+    return kinds
+
+
+def test_every_field_tool_and_item_of_the_sdk_has_a_fate() -> None:
+    """The installed ``openai`` SDK's own types are the list: each request field, tool type
+    and input item type is mapped, taken, left out or refused by name, never unknown."""
+    from openai.types.responses import response_create_params, response_input_item_param
+    from openai.types.responses.tool_param import ToolParam
+
+    from boundedcode_gateway.fronts.responses import request
+
+    fields = set(typing.get_type_hints(response_create_params.ResponseCreateParamsBase))
+    assert fields - request._KNOWN == set()
+    tools = _literal_types(ToolParam)
+    assert tools - {"function", "namespace"} - BUILT_IN == set()
+    items = _literal_types(response_input_item_param.ResponseInputItemParam)
+    assert items - set(request._ITEM_TYPES) == set()
