@@ -49,6 +49,7 @@ def still_serving(gateway: Gateway, http: httpx.Client) -> None:
 def test_malformed_json(gateway: Gateway, http: httpx.Client) -> None:
     err = error_of(post(http, b'{"model": "local", "messages": ['), 400, "invalid_json")
     assert err["type"] == "invalid_request_error"
+    assert err["message"].startswith("We could not parse the JSON body of your request")
     still_serving(gateway, http)
     assert [c["model_profile"] for c in gateway.calls()] == ["local"]  # only the good call
 
