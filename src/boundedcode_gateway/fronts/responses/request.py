@@ -138,8 +138,9 @@ def _check_fields(request: JSON, notes: JSON) -> None:
     if ignored:
         notes[FIELDS_IGNORED] = ignored
     if request.get("background"):
-        raise refuse.unsupported_value(
-            "background", True, "The gateway answers every request at once: use false."
+        # true is its one value besides the default: the parameter itself is not served
+        raise refuse.unsupported_parameter(
+            "background", "The gateway answers every request at once: use false."
         )
     truncation = request.get("truncation")
     if truncation not in (None, "disabled", "auto"):
