@@ -158,8 +158,8 @@ class CallFlow:
         self._log = AttemptLog()
         self._changed: int | None = None
         self._stream = False
-        # what the front left out of the request comes first; the adapter's follows
-        self._adjustments: dict[str, Any] = dict(meter.ctx.front_adjustments or {})
+        # the front's first, then what the upstream's adapter and the relay changed
+        self._adjustments: dict[str, Any] = dict(meter.ctx.adjustments)
         self._structured_output: str | None = None
         self._schema_valid: bool | None = None
         self._miss: MissReport | None = None

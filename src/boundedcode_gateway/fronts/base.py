@@ -46,6 +46,14 @@ class FrontCall(Protocol):
         ...
 
 
+@runtime_checkable
+class AdjustingCall(FrontCall, Protocol):
+    """A call whose front changed the request on its own account (a tool it left out,
+    a version it served as another): the record's ``adjustments`` get these."""
+
+    adjustments: dict[str, Any]
+
+
 class Front(Protocol):
     """One API a caller may speak."""
 
@@ -60,21 +68,6 @@ class Front(Protocol):
     def error(self, exc: GatewayError) -> tuple[int, bytes]:
         """The status and body of an error in this front's shape."""
         ...
-
-
-@runtime_checkable
-class AdjustedCall(FrontCall, Protocol):
-    """A call whose translation left something of the request out (a tool no upstream
-    runs, …): the record's ``adjustments`` name it."""
-
-    adjustments: dict[str, Any]
-
-
-def front_adjustments(call: FrontCall | None) -> dict[str, Any]:
-    """What a front's translation noted of ``call`` for the record (nothing for most)."""
-    if call is None or not isinstance(call, AdjustedCall):
-        return {}
-    return call.adjustments
 
 
 @runtime_checkable

@@ -33,11 +33,11 @@ from boundedcode_gateway.errors import (
 )
 from boundedcode_gateway.fronts.base import (
     CHAT,
+    AdjustingCall,
     Front,
     FrontCall,
     FrontStream,
     TokenCounter,
-    front_adjustments,
 )
 from boundedcode_gateway.ingress.body import BodyParser
 from boundedcode_gateway.ingress.render import (
@@ -327,12 +327,13 @@ class Router:
             if caller is not None and model is not None:
                 check_model(caller, model)
             call = None if front is CHAT else front.open(parsed, _headers_of(scope))
+            if isinstance(call, AdjustingCall):
+                ctx.adjustments.update(call.adjustments)
             body = check_chat_body(parsed if call is None else call.body)
         except (InvalidRequest, Forbidden) as exc:
             if model is not None:
                 self.service.record_rejected(ctx, model, exc)
             raise
-        ctx.front_adjustments = front_adjustments(call) or None
         await self._answer(receive, send, ctx, body, call)
 
     async def _count(
