@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.errors import InvalidRequest
+from boundedcode_gateway.openai_refusals import kind_of
 
 HEADER = b"x-boundedcode-stream-discard"
 HEADER_NAME = "X-BoundedCode-Stream-Discard"
@@ -43,7 +44,8 @@ def check_stream_option(stream_options: dict[str, Any]) -> None:
     value = stream_options.get(STREAM_OPTION)
     if value is not None and not isinstance(value, bool):
         raise InvalidRequest(
-            f"Invalid type for 'stream_options.{STREAM_OPTION}': expected a boolean.",
+            f"Invalid type for 'stream_options.{STREAM_OPTION}': expected a boolean, but got "
+            f"{kind_of(value)} instead.",
             param=f"stream_options.{STREAM_OPTION}",
             code="invalid_type",
         )

@@ -49,6 +49,7 @@ def still_serving(gateway: Gateway, http: httpx.Client) -> None:
 def test_malformed_json(gateway: Gateway, http: httpx.Client) -> None:
     err = error_of(post(http, b'{"model": "local", "messages": ['), 400, "invalid_json")
     assert err["type"] == "invalid_request_error"
+    assert err["message"].startswith("We could not parse the JSON body of your request")
     still_serving(gateway, http)
     assert [c["model_profile"] for c in gateway.calls()] == ["local"]  # only the good call
 
@@ -61,6 +62,7 @@ def test_body_not_an_object(gateway: Gateway, http: httpx.Client) -> None:
 def test_missing_model(gateway: Gateway, http: httpx.Client) -> None:
     err = error_of(post(http, {"messages": HELLO}), 400, "missing_required_parameter")
     assert err["param"] == "model"
+    assert err["message"] == "Missing required parameter: 'model'."
     still_serving(gateway, http)
 
 
@@ -73,22 +75,51 @@ def test_missing_messages_is_recorded(gateway: Gateway, http: httpx.Client) -> N
     assert bad["http_status"] == 400 and bad["error_code"] == "missing_required_parameter"
 
 
+# each refusal in OpenAI's own words, so a client's handling of OpenAI's 400s reads it
 @pytest.mark.parametrize(
-    ("body", "param"),
+    ("body", "param", "expected"),
     [
-        ({"model": "local", "messages": "hello"}, "messages"),
-        ({"model": 7, "messages": HELLO}, "model"),
-        ({"model": "local", "messages": HELLO, "stream": "yes"}, "stream"),
-        ({"model": "local", "messages": HELLO, "max_tokens": "10"}, "max_tokens"),
-        ({"model": "local", "messages": HELLO, "temperature": "hot"}, "temperature"),
-        ({"model": "local", "messages": HELLO, "tools": {"name": "x"}}, "tools"),
-        ({"model": "local", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-        ({"model": "local", "messages": ["hello"]}, "messages[0]"),
+        ({"model": "local", "messages": "hello"}, "messages", "an array, but got a string"),
+        ({"model": 7, "messages": HELLO}, "model", "a string, but got an integer"),
+        (
+            {"model": "local", "messages": HELLO, "stream": "yes"},
+            "stream",
+            "a boolean, but got a string",
+        ),
+        (
+            {"model": "local", "messages": HELLO, "max_tokens": "10"},
+            "max_tokens",
+            "an integer, but got a string",
+        ),
+        (
+            {"model": "local", "messages": HELLO, "max_tokens": 1.5},
+            "max_tokens",
+            "an integer, but got a decimal number",
+        ),
+        (
+            {"model": "local", "messages": HELLO, "temperature": "hot"},
+            "temperature",
+            "a decimal, but got a string",
+        ),
+        (
+            {"model": "local", "messages": HELLO, "tools": {"name": "x"}},
+            "tools",
+            "an array, but got an object",
+        ),
+        (
+            {"model": "local", "messages": [{"role": "user", "content": 5}]},
+            "messages[0].content",
+            "one of a string or array of objects, but got an integer",
+        ),
+        ({"model": "local", "messages": ["hello"]}, "messages[0]", "an object, but got a string"),
     ],
 )
-def test_wrong_types(gateway: Gateway, http: httpx.Client, body: Any, param: str) -> None:
+def test_wrong_types(
+    gateway: Gateway, http: httpx.Client, body: Any, param: str, expected: str
+) -> None:
     err = error_of(post(http, body), 400, "invalid_type")
     assert err["param"] == param
+    assert err["message"] == f"Invalid type for '{param}': expected {expected} instead."
     still_serving(gateway, http)
 
 
@@ -96,10 +127,18 @@ def test_unknown_role(gateway: Gateway, http: httpx.Client) -> None:
     body = {"model": "local", "messages": [{"role": "wizard", "content": "x"}]}
     err = error_of(post(http, body), 400, "invalid_value")
     assert err["param"] == "messages[0].role"
+    assert err["message"] == (
+        "Invalid value: 'wizard'. Supported values are: 'system', 'assistant', 'user', "
+        "'function', 'tool', and 'developer'."
+    )
 
 
 def test_empty_messages(gateway: Gateway, http: httpx.Client) -> None:
-    error_of(post(http, {"model": "local", "messages": []}), 400, "empty_array")
+    err = error_of(post(http, {"model": "local", "messages": []}), 400, "empty_array")
+    assert err["message"] == (
+        "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an "
+        "empty array instead."
+    )
 
 
 def test_unknown_model_is_404_and_recorded(gateway: Gateway, http: httpx.Client) -> None:

@@ -9,10 +9,12 @@ what is refused; and every event and response read by the SDK's own types.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 from openai.types.responses import (
     Response,
@@ -299,8 +301,15 @@ def test_errors_are_the_sdk_exceptions(gateway: Gateway, upstreams: Upstreams) -
         client.responses.create(model="nope", input="hi")
     assert missing.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as builtin:
-        client.responses.create(model="local", input="hi", tools=[{"type": "web_search"}, *TOOLS])
-    assert builtin.value.param == "tools" and "web_search" in builtin.value.message
+        client.responses.create(
+            model="local",
+            input="hi",
+            tools=[{"type": "web_search_preview"}, *TOOLS],
+            tool_choice={"type": "web_search_preview"},
+        )
+    assert builtin.value.param == "tool_choice"
+    assert "'web_search_preview'" in builtin.value.message
+    assert builtin.value.code == "unsupported_value"
     with pytest.raises(openai.BadRequestError) as previous:
         client.responses.create(model="local", input="hi", previous_response_id="resp_1")
     assert previous.value.param == "previous_response_id"
@@ -309,7 +318,7 @@ def test_errors_are_the_sdk_exceptions(gateway: Gateway, upstreams: Upstreams) -
         "message": previous.value.body["message"],  # type: ignore[index]
         "type": "invalid_request_error",
         "param": "previous_response_id",
-        "code": "unsupported_parameter",
+        "code": "previous_response_not_found",
     }
     # refused requests are recorded under this front
     refused = gateway.calls()[-3:]
@@ -365,3 +374,60 @@ def test_the_task_form_of_the_path(gateway: Gateway, upstreams: Upstreams) -> No
     assert client.responses.create(model="gpt", input="How are you?").output_text == "Fine."
     call = gateway.calls()[-1]
     assert (call["task"], call["front"]) == ("t-42", "responses")
+
+
+CODEX_FIXTURES = Path(__file__).parents[1] / "fixtures" / "codex"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_codex_s_own_request_and_a_namespaced_call(
+    gateway: Gateway, upstreams: Upstreams, stream: bool
+) -> None:
+    """Codex 0.171.0's first request as it sent it (its default tools: functions, the
+    ``multi_agent_v1`` namespace, ``web_search``), the model calling a function of the
+    namespace: the call comes back by its namespace, the record says what was left out."""
+    request = orjson.loads((CODEX_FIXTURES / "responses_first_turn.json").read_bytes())
+    request["stream"] = stream
+    # Codex's instructions and tools are some 15,000 tokens
+    upstreams.llama.n_ctx = 65536
+    upstreams.llama.queue(
+        Reply(
+            content="",
+            tool_calls=[
+                {
+                    "id": "call_w1",
+                    "name": "multi_agent_v1__wait_agent",
+                    "arguments": {"targets": ["a1"]},
+                },
+                {"id": "call_x1", "name": "exec_command", "arguments": {"cmd": "ls"}},
+            ],
+        )
+    )
+    # sent as Codex sends it, every field of it (the SDK has no client_metadata)
+    if stream:
+        events = check_stream(raw_stream(gateway, request))
+        done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+        assert [(i["name"], i.get("namespace")) for i in done] == [
+            ("wait_agent", "multi_agent_v1"),
+            ("exec_command", None),
+        ]
+        assert events[-1]["type"] == "response.completed"
+        answer = check_response(events[-1]["response"])
+    else:
+        with httpx.Client(timeout=30) as http:
+            reply = http.post(gateway.url + "/v1/responses", json=request)
+        assert reply.status_code == 200, reply.text
+        answer = check_response(reply.json())
+    calls = [i for i in answer.output if isinstance(i, ResponseFunctionToolCall)]
+    assert [(c.name, c.namespace, c.call_id, c.arguments) for c in calls] == [
+        ("wait_agent", "multi_agent_v1", "call_w1", '{"targets":["a1"]}'),
+        ("exec_command", None, "call_x1", '{"cmd":"ls"}'),
+    ]
+    sent = upstreams.llama.requests.last.body
+    names = [t["function"]["name"] for t in sent["tools"]]
+    assert "multi_agent_v1__wait_agent" in names and "exec_command" in names
+    assert len(names) == 12
+    call = gateway.calls()[-1]
+    assert (call["front"], call["http_status"], call["error_code"]) == ("responses", 200, None)
+    assert call["adjustments"]["tools_dropped"] == ["web_search"]
+    assert call["adjustments"]["tools_flattened"] == ["multi_agent_v1"]

@@ -30,8 +30,11 @@ def parse_json(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        # OpenAI's words, then where the parser stopped
         raise InvalidRequest(
-            f"The request body is not valid JSON: {exc}", code="invalid_json"
+            "We could not parse the JSON body of your request: what was sent was not valid "
+            f"JSON ({exc}).",
+            code="invalid_json",
         ) from None
 
 

@@ -31,7 +31,14 @@ from boundedcode_gateway.errors import (
     NotFound,
     internal_error,
 )
-from boundedcode_gateway.fronts.base import CHAT, Front, FrontCall, FrontStream, TokenCounter
+from boundedcode_gateway.fronts.base import (
+    CHAT,
+    AdjustingCall,
+    Front,
+    FrontCall,
+    FrontStream,
+    TokenCounter,
+)
 from boundedcode_gateway.ingress.body import BodyParser
 from boundedcode_gateway.ingress.render import (
     Message,
@@ -342,6 +349,8 @@ class Router:
             if caller is not None and model is not None:
                 check_model(caller, model)
             call = None if front is CHAT else front.open(parsed, _headers_of(scope))
+            if isinstance(call, AdjustingCall):
+                ctx.adjustments.update(call.adjustments)
             body = check_chat_body(parsed if call is None else call.body)
         except GatewayError as exc:
             self._rejected(front, ctx, asked, exc)

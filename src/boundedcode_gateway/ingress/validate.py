@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from boundedcode_gateway import discard
+from boundedcode_gateway import openai_refusals as refuse
 from boundedcode_gateway.errors import InvalidRequest
 from boundedcode_gateway.json_values import is_int, is_number
 
@@ -17,7 +18,9 @@ TASK_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 PURPOSE = re.compile(r"[a-z_]{1,32}")
 DEFAULT_TASK = "default"
 DEFAULT_PURPOSE = "agent_turn"
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# in the order OpenAI's message lists them
+_ROLE_ORDER = ("system", "assistant", "user", "function", "tool", "developer")
+ROLES = frozenset(_ROLE_ORDER)
 
 _BOOL_FIELDS = ("stream", "return_progress", "parallel_tool_calls", "logprobs")
 _INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed", "top_logprobs")
@@ -25,23 +28,8 @@ _NUMBER_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty
 _OBJECT_FIELDS = ("stream_options", "response_format", "metadata", "chat_template_kwargs")
 
 
-def _type_name(value: Any) -> str:
-    return {
-        dict: "object",
-        list: "array",
-        str: "string",
-        bool: "boolean",
-        int: "integer",
-        float: "number",
-    }.get(type(value), "null")
-
-
 def _wrong_type(field: str, expected: str, value: Any) -> InvalidRequest:
-    return InvalidRequest(
-        f"Invalid type for '{field}': expected {expected}, but got {_type_name(value)}.",
-        param=field,
-        code="invalid_type",
-    )
+    return refuse.wrong_type(field, expected, value)
 
 
 def check_task(task: str) -> str:
@@ -74,79 +62,68 @@ def _check_content(i: int, msg: dict[str, Any]) -> None:
             return
         if role == "assistant" and "reasoning_content" in msg:
             return
-        raise InvalidRequest(
-            f"Missing required parameter: '{where}'.",
-            param=where,
-            code="missing_required_parameter",
-        )
+        raise refuse.missing(where)
     if isinstance(content, str):
         return
     if not isinstance(content, list):
-        raise _wrong_type(where, "string or array", content)
+        raise _wrong_type(where, "one of a string or array of objects", content)
     for j, part in enumerate(content):
-        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-            raise InvalidRequest(
-                f"Invalid '{where}[{j}]': each content part needs a string 'type'.",
-                param=f"{where}[{j}]",
-                code="invalid_type",
-            )
+        if not isinstance(part, dict):
+            raise _wrong_type(f"{where}[{j}]", "an object", part)
+        if "type" not in part:
+            raise refuse.missing(f"{where}[{j}].type")
+        if not isinstance(part["type"], str):
+            raise _wrong_type(f"{where}[{j}].type", "a string", part["type"])
 
 
 def _check_message(i: int, msg: Any) -> None:
     if not isinstance(msg, dict):
-        raise _wrong_type(f"messages[{i}]", "object", msg)
+        raise _wrong_type(f"messages[{i}]", "an object", msg)
     role = msg.get("role")
+    if role is None:
+        raise refuse.missing(f"messages[{i}].role")
     if not isinstance(role, str):
-        raise InvalidRequest(
-            f"Missing required parameter: 'messages[{i}].role'.",
-            param=f"messages[{i}].role",
-            code="missing_required_parameter",
-        )
+        raise _wrong_type(f"messages[{i}].role", "a string", role)
     if role not in ROLES:
-        raise InvalidRequest(
-            f"Invalid value: '{role}'. Supported values are: 'system', 'developer', 'user', "
-            "'assistant', 'tool' and 'function'.",
-            param=f"messages[{i}].role",
-            code="invalid_value",
-        )
+        raise refuse.invalid_value(f"messages[{i}].role", role, _ROLE_ORDER)
     _check_content(i, msg)
-    if role == "tool" and not isinstance(msg.get("tool_call_id"), str):
-        raise InvalidRequest(
-            f"Missing required parameter: 'messages[{i}].tool_call_id'.",
-            param=f"messages[{i}].tool_call_id",
-            code="missing_required_parameter",
-        )
+    if role == "tool":
+        tool_call_id = msg.get("tool_call_id")
+        if tool_call_id is None:
+            raise refuse.missing(f"messages[{i}].tool_call_id")
+        if not isinstance(tool_call_id, str):
+            raise _wrong_type(f"messages[{i}].tool_call_id", "a string", tool_call_id)
     tool_calls = msg.get("tool_calls")
     if tool_calls is not None:
         if not isinstance(tool_calls, list):
-            raise _wrong_type(f"messages[{i}].tool_calls", "array", tool_calls)
+            raise _wrong_type(f"messages[{i}].tool_calls", "an array", tool_calls)
         for j, call in enumerate(tool_calls):
             where = f"messages[{i}].tool_calls[{j}]"
             if not isinstance(call, dict):
-                raise _wrong_type(where, "object", call)
+                raise _wrong_type(where, "an object", call)
             _check_function(where, call.get("function"))
 
 
 def _check_function(where: str, function: Any) -> None:
     """A tool call's, a tool's or a tool choice's ``function``: an object with a string name."""
     if function is None:
-        raise InvalidRequest(
-            f"Missing required parameter: '{where}.function'.",
-            param=f"{where}.function",
-            code="missing_required_parameter",
-        )
+        raise refuse.missing(f"{where}.function")
     if not isinstance(function, dict):
-        raise _wrong_type(f"{where}.function", "object", function)
-    if not isinstance(function.get("name"), str):
-        raise _wrong_type(f"{where}.function.name", "string", function.get("name"))
+        raise _wrong_type(f"{where}.function", "an object", function)
+    if function.get("name") is None:
+        raise refuse.missing(f"{where}.function.name")
+    if not isinstance(function["name"], str):
+        raise _wrong_type(f"{where}.function.name", "a string", function["name"])
 
 
 def _check_tools(body: dict[str, Any]) -> None:
     tools = body.get("tools")
     if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            raise _wrong_type("tools", "array of objects", tools)
+        if not isinstance(tools, list):
+            raise _wrong_type("tools", "an array", tools)
         for i, tool in enumerate(tools):
+            if not isinstance(tool, dict):
+                raise _wrong_type(f"tools[{i}]", "an object", tool)
             if tool.get("type", "function") == "function":
                 _check_function(f"tools[{i}]", tool.get("function"))
     choice = body.get("tool_choice")
@@ -154,25 +131,25 @@ def _check_tools(body: dict[str, Any]) -> None:
         if choice.get("type", "function") == "function":
             _check_function("tool_choice", choice.get("function"))
     elif choice is not None and not isinstance(choice, str):
-        raise _wrong_type("tool_choice", "string or object", choice)
+        raise _wrong_type("tool_choice", "one of a string or an object", choice)
 
 
 def _check_scalars(body: dict[str, Any]) -> None:
     for name in _BOOL_FIELDS:
         if name in body and body[name] is not None and not isinstance(body[name], bool):
-            raise _wrong_type(name, "boolean", body[name])
+            raise _wrong_type(name, "a boolean", body[name])
     for name in _INT_FIELDS:
         v = body.get(name)
         if v is not None and not is_int(v):
-            raise _wrong_type(name, "integer", v)
+            raise _wrong_type(name, "an integer", v)
     for name in _NUMBER_FIELDS:
         v = body.get(name)
         if v is not None and not is_number(v):
-            raise _wrong_type(name, "number", v)
+            raise _wrong_type(name, "a decimal", v)
     for name in _OBJECT_FIELDS:
         v = body.get(name)
         if v is not None and not isinstance(v, dict):
-            raise _wrong_type(name, "object", v)
+            raise _wrong_type(name, "an object", v)
     if isinstance(body.get("stream_options"), dict):
         discard.check_stream_option(body["stream_options"])
     _check_tools(body)
@@ -190,29 +167,30 @@ def requested_model(body: Any) -> str | None:
 def check_chat_body(body: Any) -> dict[str, Any]:
     """The body, or an ``InvalidRequest`` naming the first field that is wrong."""
     if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.", code="invalid_type")
+        # OpenAI's words for a body that is JSON but not an object
+        raise InvalidRequest(
+            f"Invalid type for 'body': expected an object, but got {refuse.kind_of(body)} instead.",
+            code="invalid_type",
+        )
     model = body.get("model")
     if model is None:
+        raise refuse.missing("model")
+    if not isinstance(model, str):
+        raise _wrong_type("model", "a string", model)
+    if not model:
         raise InvalidRequest(
-            "Missing required parameter: 'model'.", param="model", code="missing_required_parameter"
+            "Invalid 'model': empty string. Expected a string with minimum length 1, but got "
+            "an empty string instead.",
+            param="model",
+            code="empty_string",
         )
-    if not isinstance(model, str) or not model:
-        raise _wrong_type("model", "non-empty string", model)
     messages = body.get("messages")
     if messages is None:
-        raise InvalidRequest(
-            "Missing required parameter: 'messages'.",
-            param="messages",
-            code="missing_required_parameter",
-        )
+        raise refuse.missing("messages")
     if not isinstance(messages, list):
-        raise _wrong_type("messages", "array", messages)
+        raise _wrong_type("messages", "an array", messages)
     if not messages:
-        raise InvalidRequest(
-            "Invalid 'messages': empty array. Expected at least one message.",
-            param="messages",
-            code="empty_array",
-        )
+        raise refuse.empty_array("messages")
     for i, msg in enumerate(messages):
         _check_message(i, msg)
     _check_scalars(body)

@@ -1,4 +1,6 @@
-"""A request that needs what the model lacks gets a clear 400 before any upstream call."""
+"""A request that needs what the model lacks gets a clear 400 before any upstream call,
+worded as OpenAI words a field a model does not support; the code stays the
+gateway's ``capability_missing``, so the record says why."""
 
 from __future__ import annotations
 
@@ -22,18 +24,26 @@ def check_request(body: dict[str, Any], caps: Capabilities, model: str) -> None:
     """Raise ``CapabilityMissing`` naming the field the model cannot serve."""
     if body.get("return_progress") and not caps.prompt_progress:
         raise CapabilityMissing(
-            f"model '{model}' does not report prompt progress "
-            "(capabilities.prompt_progress is false); drop return_progress",
+            "Unsupported parameter: 'return_progress' is not supported with this model. "
+            f"The model '{model}' does not report prompt progress "
+            "(capabilities.prompt_progress is false): drop return_progress.",
             param="return_progress",
         )
     if body.get("stream") and not caps.streaming:
-        raise CapabilityMissing(f"model '{model}' does not stream", param="stream")
+        raise CapabilityMissing(
+            "Unsupported value: 'stream' does not support true with this model. "
+            f"The model '{model}' does not stream.",
+            param="stream",
+        )
     if body.get("tools") and not caps.tools:
         raise CapabilityMissing(
-            f"model '{model}' has a chat template without tool support", param="tools"
+            "Unsupported parameter: 'tools' is not supported with this model. "
+            f"The model '{model}' has a chat template without tool support.",
+            param="tools",
         )
     if not caps.vision and _has_image(body["messages"]):
         raise CapabilityMissing(
-            f"model '{model}' does not take images (capabilities.vision is false)",
+            "Invalid content type. image_url is only supported by certain models. "
+            f"The model '{model}' does not take images (capabilities.vision is false).",
             param="messages",
         )

@@ -186,7 +186,7 @@ def test_images_and_parts() -> None:
     error = refused(
         {"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]}
     )
-    assert error.param == "input[0].content[0].image_url"
+    assert (error.param, error.code) == ("input[0].content[0].file_id", "unsupported_parameter")
     error = refused(
         {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}
     )
@@ -273,19 +273,65 @@ def test_function_tools_choice_and_options() -> None:
     assert json_object["response_format"] == {"type": "json_object"}
 
 
-def test_built_in_tools_are_refused_by_name() -> None:
-    error = refused(
+def noted(request: dict[str, Any]) -> tuple[dict[str, Any], Echo, dict[str, Any]]:
+    notes: dict[str, Any] = {}
+    body, echo = to_chat_request({"model": "local", **request}, SEALER, notes)
+    return check_chat_body(body), echo, notes
+
+
+def test_built_in_tools_are_dropped_and_noted() -> None:
+    body, echo, notes = noted(
         {
+            "input": "hi",
             "tools": [
                 {"type": "function", "name": "f"},
-                {"type": "web_search"},
+                {"type": "web_search", "external_web_access": False},
                 {"type": "mcp", "server_label": "x"},
                 {"type": "code_interpreter", "container": {"type": "auto"}},
-            ]
+                {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}},
+                {"type": "web_search"},
+            ],
         }
     )
-    assert error.param == "tools"
-    assert "code_interpreter, mcp, web_search" in error.message
+    assert body["tools"] == [{"type": "function", "function": {"name": "f"}}]
+    assert notes == {"tools_dropped": ["web_search", "mcp", "code_interpreter", "custom"]}
+    assert [t["name"] for t in echo.tools] == ["f"]
+
+
+def test_only_built_in_tools_leave_no_tools() -> None:
+    body, _, notes = noted(
+        {"input": "hi", "tools": [{"type": "web_search"}], "tool_choice": "auto"}
+    )
+    assert "tools" not in body and "tool_choice" not in body
+    assert notes == {"tools_dropped": ["web_search"]}
+    error = refused({"tools": [{"type": "web_search"}], "tool_choice": "required"})
+    assert (error.param, error.code) == ("tool_choice", "unsupported_value")
+    assert "web_search" in error.message
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [
+        {"type": "web_search"},
+        {"type": "web_search_preview"},
+        {"type": "file_search"},
+        {"type": "mcp", "server_label": "x"},
+        {"type": "custom", "name": "apply_patch"},
+        {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "web_search"}]},
+    ],
+)
+def test_a_tool_choice_that_needs_a_dropped_tool_is_refused_by_name(choice: Any) -> None:
+    error = refused({"tools": [{"type": "web_search"}], "tool_choice": choice})
+    assert (error.param, error.code) == ("tool_choice", "unsupported_value")
+    assert error.message.startswith("Unsupported value: 'tool_choice' does not support '"), (
+        error.message
+    )
+
+
+def test_an_unknown_tool_type_is_refused_in_openai_words() -> None:
+    error = refused({"tools": [{"type": "telepathy"}]})
+    assert (error.param, error.code) == ("tools[0].type", "invalid_value")
+    assert error.message.startswith("Invalid value: 'telepathy'. Supported values are: 'function'")
 
 
 @pytest.mark.parametrize(
@@ -295,7 +341,6 @@ def test_built_in_tools_are_refused_by_name() -> None:
         ("conversation", "conv_1", "keeps no conversations"),
         ("prompt", {"id": "pmpt_1"}, "no stored prompts"),
         ("background", True, "at once"),
-        ("truncation", "auto", "does not truncate"),
         ("top_logprobs", 3, "log probabilities"),
     ],
 )
@@ -307,7 +352,9 @@ def test_what_the_gateway_cannot_honour_is_refused(field: str, value: Any, words
 
 def test_previous_response_id_says_to_send_the_whole_input() -> None:
     error = refused({"previous_response_id": "resp_1"})
-    assert error.code == "unsupported_parameter"
+    # OpenAI's answer to an id it does not have
+    assert error.code == "previous_response_not_found"
+    assert error.message.startswith("Previous response with id 'resp_1' not found.")
     assert "send the whole conversation in 'input'" in error.message
 
 
@@ -328,8 +375,12 @@ def test_previous_response_id_says_to_send_the_whole_input() -> None:
         ({"input": None}, "input"),
         ({"input": 5}, "input"),
         ({"input": []}, "input"),
-        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
-        ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input[0].type"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].id"),
+        ({"input": [{"type": "compaction", "encrypted_content": "x"}]}, "input[0].type"),
+        ({"input": [{"type": "telepathy"}]}, "input[0].type"),
+        ({"truncation": "sometimes"}, "truncation"),
+        ({"text": {"verbosity": "loud"}}, "text.verbosity"),
+        ({"top_logprobs": "3"}, "top_logprobs"),
         ({"input": [{"type": "message", "content": "x"}]}, "input[0].role"),
         ({"input": [{"type": "message", "role": "tool", "content": "x"}]}, "input[0].role"),
         (
@@ -343,7 +394,7 @@ def test_previous_response_id_says_to_send_the_whole_input() -> None:
                     {"role": "assistant", "content": [{"type": "input_image", "image_url": "u"}]}
                 ]
             },
-            "input[0].content",
+            "input[0].content[0].type",
         ),
     ],
 )
@@ -360,10 +411,31 @@ def test_inert_fields_are_taken_and_not_forwarded() -> None:
             "max_tool_calls": 3,
             "safety_identifier": "s",
             "prompt_cache_retention": "24h",
+            "prompt_cache_options": {"mode": "implicit", "ttl": "30m"},
             "stream_options": {"include_obfuscation": False},
+            "service_tier": "flex",
+            "top_logprobs": 0,
+            "background_options": {"completion_window": "soonest"},
+            "truncation": "disabled",
+            "include": ["reasoning.encrypted_content"],
         }
     )
     assert body == {"model": "local", "messages": [{"role": "user", "content": "x"}]}
+
+
+def test_truncation_auto_and_context_management_are_taken() -> None:
+    """Both change nothing while the conversation fits the model; beyond it the answer is
+    context_length_exceeded, as it is without them."""
+    body, echo, notes = noted(
+        {
+            "input": "x",
+            "truncation": "auto",
+            "context_management": [{"type": "compaction", "compact_threshold": 200000}],
+        }
+    )
+    assert body == {"model": "local", "messages": [{"role": "user", "content": "x"}]}
+    assert echo.truncation == "auto"
+    assert notes == {"fields_ignored": ["context_management"]}
 
 
 def test_a_body_without_a_model_is_left_to_the_chat_checks() -> None:
@@ -450,3 +522,94 @@ def test_a_request_as_codex_sends_it() -> None:
         "medium",
         True,
     )
+
+
+def test_calls_of_the_api_s_own_tools_in_the_history_are_tool_turns() -> None:
+    """A conversation begun with OpenAI's tools goes on here: their calls and outputs are
+    tool calls and tool messages; calls of tools no one here ran are dropped, noted."""
+    body, _, notes = noted(
+        {
+            "input": [
+                {"role": "user", "content": "Patch it."},
+                {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {}},
+                {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*"},
+                {"type": "custom_tool_call_output", "call_id": "c1", "output": "ok"},
+                {
+                    "type": "local_shell_call",
+                    "id": "ls_1",
+                    "call_id": "c2",
+                    "status": "completed",
+                    "action": {"type": "exec", "command": ["ls"], "env": {}},
+                },
+                {"type": "local_shell_call_output", "id": "c2", "output": "a.py"},
+                {"type": "shell_call", "call_id": "c3", "action": {"commands": ["pwd"]}},
+                {
+                    "type": "shell_call_output",
+                    "call_id": "c3",
+                    "output": [{"stdout": "/w", "stderr": "", "outcome": {"type": "exit"}}],
+                },
+            ]
+        }
+    )
+    calls = [
+        (m["tool_calls"][0]["id"], m["tool_calls"][0]["function"]) for m in body["messages"][1::2]
+    ]
+    assert calls == [
+        ("c1", {"name": "apply_patch", "arguments": '{"input":"*"}'}),
+        ("c2", {"name": "local_shell", "arguments": '{"type":"exec","command":["ls"],"env":{}}'}),
+        ("c3", {"name": "shell", "arguments": '{"commands":["pwd"]}'}),
+    ]
+    outputs = [(m["tool_call_id"], m["content"]) for m in body["messages"][2::2]]
+    assert outputs == [
+        ("c1", "ok"),
+        ("c2", "a.py"),
+        ("c3", '[{"stdout":"/w","stderr":"","outcome":{"type":"exit"}}]'),
+    ]
+    assert notes == {"input_items_dropped": {"web_search_call": 1}}
+
+
+@pytest.mark.parametrize(
+    ("request_", "message", "code"),
+    [
+        ({"frobnicate": 1}, "Unknown parameter: 'frobnicate'.", "unknown_parameter"),
+        (
+            {"max_output_tokens": "many"},
+            "Invalid type for 'max_output_tokens': expected an integer, but got a string instead.",
+            "invalid_type",
+        ),
+        ({"input": None}, "Missing required parameter: 'input'.", "missing_required_parameter"),
+        (
+            {"input": [{"role": "tool", "content": "x"}]},
+            "Invalid value: 'tool'. Supported values are: 'user', 'system', 'developer', and "
+            "'assistant'.",
+            "invalid_value",
+        ),
+        (
+            {"tool_choice": "sometimes"},
+            "Invalid value: 'sometimes'. Supported values are: 'none', 'auto', and 'required'.",
+            "invalid_value",
+        ),
+        (
+            {"input": []},
+            "Invalid 'input': empty array. Expected an array with minimum length 1, but got an "
+            "empty array instead.",
+            "empty_array",
+        ),
+        (
+            {"conversation": "conv_1"},
+            "Unsupported parameter: 'conversation' is not supported with this model. The gateway "
+            "keeps no conversations: send the whole conversation in 'input'.",
+            "unsupported_parameter",
+        ),
+        (
+            {"include": ["file_search_call.results"]},
+            "Unsupported value: 'include' does not support 'file_search_call.results' with this "
+            "model. The gateway can include only 'reasoning.encrypted_content' (always sent with "
+            "reasoning).",
+            "unsupported_value",
+        ),
+    ],
+)
+def test_refusals_are_in_openai_s_words(request_: dict[str, Any], message: str, code: str) -> None:
+    error = refused(request_)
+    assert (error.message, error.code) == (message, code)

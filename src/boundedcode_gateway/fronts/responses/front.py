@@ -5,7 +5,8 @@ The translation is pure and lives in its own modules: ``request.py`` (a request 
 chat body), ``response.py`` (a chat completion as a ``Response``), ``stream.py`` (the
 stream's events), ``errors.py``. This module joins them to the ``Front`` protocol:
 ``open`` makes the chat body and keeps what the ``Response`` repeats of the request
-(its ``Echo``) in the call it returns, for the answer or the stream.
+(its ``Echo``) in the call it returns, for the answer or the stream, with what the
+translation left out of the request for the record (``adjustments``).
 """
 
 from __future__ import annotations
@@ -28,10 +29,14 @@ from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, Stamps
 class ResponsesCall:
     """One request of the Responses API: its chat body, and what its answer repeats."""
 
-    __slots__ = ("_echo", "_sealer", "_stamps", "body")
+    __slots__ = ("_echo", "_sealer", "_stamps", "adjustments", "body")
 
-    def __init__(self, body: Any, echo: Echo, sealer: Sealer, stamps: Stamps) -> None:
+    def __init__(
+        self, body: Any, echo: Echo, sealer: Sealer, stamps: Stamps, adjustments: dict[str, Any]
+    ) -> None:
         self.body = body
+        # what the translation left out of the request (dropped tools, …), for the record
+        self.adjustments = adjustments
         self._echo = echo
         self._sealer = sealer
         self._stamps = stamps
@@ -56,8 +61,9 @@ class ResponsesFront:
         self._stamps = stamps
 
     def open(self, parsed: Any, headers: Mapping[str, str]) -> ResponsesCall:
-        body, echo = to_chat_request(parsed, self._sealer)
-        return ResponsesCall(body, echo, self._sealer, self._stamps)
+        notes: dict[str, Any] = {}
+        body, echo = to_chat_request(parsed, self._sealer, notes)
+        return ResponsesCall(body, echo, self._sealer, self._stamps, notes)
 
     def error(self, exc: GatewayError) -> tuple[int, bytes]:
         return error_answer(exc)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from boundedcode_gateway.fronts.responses.sealed import seal_reasoning
+from boundedcode_gateway.fronts.responses.tools import NO_NAMES, ToolNames
 from boundedcode_gateway.fronts.sealing import Sealer
 from boundedcode_gateway.json_values import count_or_none
 from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, Stamps
@@ -44,6 +45,9 @@ class Echo:
     text: JSON = field(default_factory=lambda: {"format": {"type": "text"}})
     metadata: JSON | None = None
     user: str | None = None
+    truncation: str = "disabled"
+    # the flat names of namespaced functions, to give their calls back by namespace
+    names: ToolNames = NO_NAMES
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +93,7 @@ class Frame:
             "tool_choice": echo.tool_choice,
             "tools": echo.tools,
             "top_p": echo.top_p,
-            "truncation": "disabled",
+            "truncation": echo.truncation,
             "usage": usage,
             "user": echo.user,
             "metadata": echo.metadata if echo.metadata is not None else {},
@@ -149,15 +153,23 @@ def refusal_item(mid: str, text: str, status: str) -> JSON:
     }
 
 
-def function_call_item(fid: str, call_id: str, name: str, arguments: str, status: str) -> JSON:
-    return {
+def function_call_item(
+    fid: str, call_id: str, name: str, arguments: str, status: str, names: ToolNames = NO_NAMES
+) -> JSON:
+    """A call as the caller offered the tool: a flat name of a namespaced function is
+    given back as its own name and ``namespace``, as OpenAI gives such a call."""
+    own, namespace = names.called(name)
+    item: JSON = {
         "id": fid,
         "type": "function_call",
         "call_id": call_id,
-        "name": name,
+        "name": own,
         "arguments": arguments,
         "status": status,
     }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
 
 
 def sealed(sealer: Sealer, model: str, reasoning: str) -> str:
@@ -204,7 +216,12 @@ def _tool_call_parts(call: Any) -> tuple[str, str, str] | None:
 
 
 def output_of_message(
-    message: JSON, status: str, sealer: Sealer, model: str, stamps: Stamps = SYSTEM_STAMPS
+    message: JSON,
+    status: str,
+    sealer: Sealer,
+    model: str,
+    stamps: Stamps = SYSTEM_STAMPS,
+    names: ToolNames = NO_NAMES,
 ) -> list[JSON]:
     """The output items of one chat answer's message."""
     items: list[JSON] = []
@@ -221,7 +238,7 @@ def output_of_message(
     for call in message.get("tool_calls") or ():
         parts = _tool_call_parts(call)
         if parts is not None:
-            items.append(function_call_item(item_id("fc", stamps), *parts, status))
+            items.append(function_call_item(item_id("fc", stamps), *parts, status, names))
     return items
 
 
@@ -235,7 +252,8 @@ def from_chat_completion(
     status, incomplete = final_status(choice.get("finish_reason") if choice else None)
     output = []
     if isinstance(message, dict):
-        output = output_of_message(message, status, sealer, frame.echo.model, stamps)
+        echo = frame.echo
+        output = output_of_message(message, status, sealer, echo.model, stamps, echo.names)
     usage = from_chat_usage(completion.get("usage") if isinstance(completion, dict) else None)
     return frame.response(
         status, output, usage, incomplete=incomplete, completed_at=stamps.created()

@@ -269,7 +269,8 @@ class ResponsesStream:
         kind = item.kind
         if kind is None:
             text = item.text if status != _IN_PROGRESS else ""
-            return function_call_item(item.id, item.call_id, item.name, text, status)
+            names = self._frame.echo.names
+            return function_call_item(item.id, item.call_id, item.name, text, status, names)
         shown = kind.item(item.id, item.text, status)
         if status == _IN_PROGRESS:
             shown["content"] = []
