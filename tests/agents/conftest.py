@@ -5,7 +5,9 @@ the tests read their results in order.
 A test parametrised with `agent` (a name registered in harness.LAUNCHERS) and `point` (a
 BreakPoint) calls `agent_runs.result(agent, point)`. `AGENT_RUNS_AT_ONCE` (default 3) bounds
 the runs in flight; `AGENT_RUN_TIMEOUT_S` (default 90) bounds each agent's process. Each
-run's outcome is also written to test-artifacts/agents/<agent>-<point>.json.
+run's outcome is also written to test-artifacts/agents/<agent>-<point>.json (or under
+`AGENTS_ARTIFACTS`); `python -m tests.agents.matrix` prints them as a table.
+`AGENTS_GATEWAY_SRC` runs another tree's gateway (its `src`) instead of this one's.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from tests.agents.harness import LAUNCHERS, REPO, AgentRun, dump, run_agent
 from tests.agents.scripted_model import BreakPoint
 
 Case = tuple[str, BreakPoint]
-ARTIFACTS = REPO / "test-artifacts" / "agents"
+ARTIFACTS = Path(os.environ.get("AGENTS_ARTIFACTS") or REPO / "test-artifacts" / "agents")
 
 
 class AgentRuns:

@@ -142,7 +142,9 @@ def gateway_process(data_dir: Path, upstream_url: str) -> Iterator[tuple[str, li
     config = data_dir / "gateway.yaml"
     profiles = {PROFILE: {"provider": "local", "external_url": upstream_url}}
     config.write_text(yaml.safe_dump({"data_dir": str(data_dir), "models": profiles}))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    # this tree's gateway, or the one whose sources AGENTS_GATEWAY_SRC names
+    src = os.environ.get("AGENTS_GATEWAY_SRC") or str(REPO / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(REPO)])}
     port = free_port()
     log = (data_dir / "gateway.out").open("wb")
     argv = [sys.executable, "-m", "boundedcode_gateway", "serve", "--config", str(config)]
@@ -257,6 +259,47 @@ def run_agent(
     )
 
 
+def check_run(run: AgentRun) -> None:
+    """What a run of an agent that calls tools must show, whatever the agent and the break."""
+    why = run.summary()
+    assert run.returncode is not None, "the agent did not finish in time\n" + why
+    if run.break_at is not BreakPoint.NONE:
+        assert run.model.broke is not None, "the stream was never broken\n" + why
+        assert run.model.broke.point is run.break_at
+    assert not run.refused, "the gateway refused calls\n" + why
+    assert run.returncode == 0, why
+    assert run.file_text is not None and run.file_text.rstrip("\n") == run.task.text, why
+    steps = [a.step for a in run.model.answers]
+    # the write, then the read-back once the agent ran the write, then the closing text
+    assert {"write", "read", "done"} <= set(steps), why
+    assert "done" in run.stdout.lower(), why
+    broken = run.broken_calls
+    if run.break_at is BreakPoint.NONE:
+        assert not broken, why
+    else:
+        # the break is in the record of the call it happened in, and the gateway got the
+        # answer through (continued or sent again) within that same call
+        assert len(broken) == 1, why
+        assert broken[0]["retried"] is True and broken[0]["status"] == "ok", why
+
+
+def verdict(run: AgentRun) -> str:
+    """ "pass", or the first line of what `check_run` found wrong."""
+    try:
+        check_run(run)
+    except AssertionError as exc:
+        return "fail: " + str(exc).split("\n", 1)[0]
+    return "pass"
+
+
+def what_it_saw(run: AgentRun) -> str:
+    """The agent's own last word on an error, else its last line of output."""
+    lines = [ln.strip() for ln in (run.stdout + "\n" + run.stderr).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower() and "ripgrep" not in ln.lower()]
+    last = (errors or lines or [f"exit {run.returncode}"])[-1]
+    return last[:200]
+
+
 def dump(run: AgentRun, path: Path) -> None:
     """The run's outcome as JSON (the measured matrix is made of these)."""
     path.write_bytes(
@@ -264,6 +307,9 @@ def dump(run: AgentRun, path: Path) -> None:
             {
                 "agent": run.agent,
                 "break_at": run.break_at.value,
+                "verdict": verdict(run),
+                "saw": what_it_saw(run),
+                "fronts": sorted({str(c.get("front")) for c in run.calls}),
                 "returncode": run.returncode,
                 "file_text": run.file_text,
                 "broke": None if run.model.broke is None else run.model.broke.step,

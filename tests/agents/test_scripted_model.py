@@ -131,6 +131,12 @@ def test_a_tool_named_otherwise_is_still_found_by_its_properties() -> None:
     reading = read_call(tools, PATH)
     assert reading is not None and reading.arguments == {"cmd": f"cat {PATH}"}
     assert write_call(tools_of({"tools": [fn("Glob", {"pattern": S})]}), PATH, TEXT) is None
+    # a tool that replaces a part of a file is no writer, though it has a path and a text
+    editing = tools_of(
+        {"tools": [fn("change", {"path": S, "text": S, "old_str": S}), fn("sh", {"cmd": S})]}
+    )
+    use = write_call(editing, PATH, TEXT)
+    assert use is not None and use.name == "sh"
 
 
 def test_the_task_is_found_in_the_prompt() -> None:
