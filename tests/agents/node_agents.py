@@ -112,9 +112,13 @@ def _qwen(ctx: RunContext) -> AgentCommand:
         "ANTHROPIC_BASE_URL": ctx.gateway_url,
         "ANTHROPIC_API_KEY": "sk-ant-unused-by-a-gateway-without-auth",
         "ANTHROPIC_MODEL": PROFILE,
+        # no usage statistics, telemetry or update checks
+        "QWEN_USAGE_STATISTICS_ENABLED": "0",
+        "QWEN_TELEMETRY_ENABLED": "0",
     }
+    settings = '{"general": {"enableAutoUpdate": false}}\n'
     argv = [str(binary), "--auth-type", "anthropic", "-m", PROFILE, "-p", ctx.prompt, "--yolo"]
-    return AgentCommand(argv, env)
+    return AgentCommand(argv, env, {ctx.home / ".qwen" / "settings.json": settings})
 
 
 AGENTS = {
