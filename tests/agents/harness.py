@@ -259,9 +259,17 @@ def run_agent(
     )
 
 
+# an agent whose flow is not the tool calls' (aider: an edit, then its commit) → what its
+# run got wrong, in the words `problems` uses (the verdict reads "the broken call ...")
+Problems = Callable[[AgentRun], list[str]]
+OWN_CHECKS: dict[str, Problems] = {}
+
+
 def problems(run: AgentRun) -> list[str]:
     """What a run of an agent that calls tools got wrong, whatever the agent and the break;
-    empty when nothing."""
+    empty when nothing. An agent in `OWN_CHECKS` is judged by its own check."""
+    if run.agent in OWN_CHECKS:
+        return OWN_CHECKS[run.agent](run)
     if run.returncode is None:
         return ["the agent did not finish in time"]
     found: list[str] = []
