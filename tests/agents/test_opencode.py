@@ -1,0 +1,24 @@
+"""opencode does a two-tool-call task through the gateway's chat front, its configuration's
+OpenAI-compatible provider at the gateway's `/v1`, plainly and with the upstream's stream
+broken once at each point of an answer: the file is written, opencode ends well, and the
+gateway refused nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.agents.chat_agents import AGENTS
+from tests.agents.conftest import AgentRuns
+from tests.agents.harness import check_run
+from tests.agents.scripted_model import BreakPoint
+
+pytestmark = [pytest.mark.agents, pytest.mark.timeout(400)]
+
+
+@pytest.mark.parametrize("point", list(BreakPoint), ids=lambda p: p.value)
+@pytest.mark.parametrize("agent", ["opencode"])
+def test_opencode_does_the_task_through_the_gateway(
+    agent_runs: AgentRuns, agent: str, point: BreakPoint
+) -> None:
+    assert agent in AGENTS
+    check_run(agent_runs.result(agent, point))
