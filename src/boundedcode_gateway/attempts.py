@@ -138,6 +138,9 @@ class Attempts:
         if url is None:
             return False
         p.url = url
+        # the other server's own key (a managed server's is its alone), never the first's
+        kept = {k: v for k, v in p.headers.items() if k.lower() != "authorization"}
+        p.headers = {**kept, **p.server.headers_for(url)}
         self._log.retried = True
         return True
 

@@ -52,6 +52,23 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 HEADER_SAFE_KEY = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
 
 
+# what the gateway gives a managed llama-server itself at each start (its key, its CORS):
+# neither ``server.pass_env`` nor ``server.extra_args`` may set them another way
+SERVER_OWN_ENV = (
+    "LLAMA_API_KEY",
+    "LLAMA_ARG_API_KEY_FILE",
+    "LLAMA_ARG_CORS_ORIGINS",
+    "LLAMA_ARG_CORS_CREDENTIALS",
+)
+SERVER_OWN_FLAGS = (
+    "--api-key",
+    "--api-key-file",
+    "--cors-origins",
+    "--cors-credentials",
+    "--no-cors-credentials",
+)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -70,6 +87,9 @@ class ServerSettings(_Strict):
     threads: int | None = Field(default=None, ge=1)
     chat_template_file: str | None = None
     extra_args: tuple[str, ...] = ()
+    # names of the gateway's environment variables the server is also given (it gets
+    # only an allow-list otherwise: docs/security.md)
+    pass_env: tuple[str, ...] = ()
     startup_timeout_s: float = Field(default=300.0, gt=0)
     # re-evaluate each conversation's canonical rendering after an answer (docs/reasoning.md);
     # the one key that also applies to a server the gateway does not run
@@ -79,9 +99,31 @@ class ServerSettings(_Strict):
     @classmethod
     def _list_to_tuple(cls, data: Any) -> Any:
         # YAML gives lists; strict mode wants the declared tuple
-        if isinstance(data, dict) and isinstance(data.get("extra_args"), list):
-            data = {**data, "extra_args": tuple(data["extra_args"])}
+        for key in ("extra_args", "pass_env"):
+            if isinstance(data, dict) and isinstance(data.get(key), list):
+                data = {**data, key: tuple(data[key])}
         return data
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_own_flags(cls, args: tuple[str, ...]) -> tuple[str, ...]:
+        own = sorted({a.partition("=")[0] for a in args} & set(SERVER_OWN_FLAGS))
+        if own:
+            raise ValueError(
+                f"{', '.join(own)}: the gateway gives each server it runs a fresh key and "
+                "closed CORS at every start; these flags would replace them"
+            )
+        return args
+
+    @field_validator("pass_env")
+    @classmethod
+    def _env_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if not ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not the name of an environment variable")
+            if name in SERVER_OWN_ENV:
+                raise ValueError(f"{name} is set by the gateway at each start of the server")
+        return names
 
 
 def _check_server_keys(

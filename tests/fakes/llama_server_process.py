@@ -1,8 +1,9 @@
 """The fake llama-server as a program, for a managed profile's ``llama_server_bin``.
 
 Takes llama-server's command line (``--port`` and ``--alias`` are used, the other flags
-ignored) and serves ``FakeLlamaServer`` on 127.0.0.1 until SIGTERM, which ends it at
-once, answers in progress cut off, as it ends llama-server. A profile's
+ignored) and, as llama-server does, the key in ``LLAMA_API_KEY`` (every request but the
+health check's must carry it), and serves ``FakeLlamaServer`` on 127.0.0.1 until
+SIGTERM, which ends it at once, answers in progress cut off, as it ends llama-server. A profile's
 ``server.extra_args`` may add ``--fake-slow-answer-ms MS``: every answer is then
 ``SLOW_ANSWER`` with that wait between its chunks. ``write_binary``
 writes an executable that runs it, so the gateway supervises a real process without a
@@ -50,7 +51,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--alias", default="fake-model")
     parser.add_argument("--fake-slow-answer-ms", type=int)
     args, _ = parser.parse_known_args(argv)
-    fake = FakeLlamaServer(model_alias=args.alias)
+    fake = FakeLlamaServer(model_alias=args.alias, api_key=os.environ.get("LLAMA_API_KEY") or None)
     if args.fake_slow_answer_ms is not None:
         delay = args.fake_slow_answer_ms
         fake.queue(*(Reply(SLOW_ANSWER, chunk_delay_ms=delay) for _ in range(SLOW_ANSWERS)))

@@ -8,10 +8,12 @@ and only these do: they carry the ``llama_server`` marker, so
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -89,6 +91,34 @@ def managed_pid(gw: Gateway, name: str) -> int:
     return int(pid)
 
 
+# the keys of the real servers' current starts, by their root, for the requests a test
+# sends them without the gateway (a fake takes any request)
+SERVER_KEYS: dict[str, dict[str, str]] = {}
+
+
 def server_url(gw: Gateway, name: str) -> str:
-    """The real llama-server's own address, to talk to it without the gateway."""
-    return str(gw.app.upstreams[name].managed.base_url())  # type: ignore[attr-defined]
+    """The real llama-server's own address, to talk to it without the gateway
+    (``direct_get`` and its kin then send its key)."""
+    managed = gw.app.upstreams[name].managed  # type: ignore[attr-defined]
+    root = str(managed.base_url())
+    SERVER_KEYS[root] = dict(managed.auth_headers())
+    return root
+
+
+def server_key(url: str) -> dict[str, str]:
+    """The headers that let a request to ``url`` into the real server there."""
+    return next((h for root, h in SERVER_KEYS.items() if url.startswith(root + "/")), {})
+
+
+def direct_get(url: str, **kwargs: Any) -> httpx.Response:
+    return httpx.get(url, headers=server_key(url), **kwargs)
+
+
+def direct_post(url: str, **kwargs: Any) -> httpx.Response:
+    return httpx.post(url, headers=server_key(url), **kwargs)
+
+
+def direct_stream(
+    method: str, url: str, **kwargs: Any
+) -> contextlib.AbstractContextManager[httpx.Response]:
+    return httpx.stream(method, url, headers=server_key(url), **kwargs)

@@ -24,7 +24,7 @@ from boundedcode_gateway.providers.openai_compat.continuation import continuatio
 from tests.e2e.conftest import Gateway
 from tests.fakes.common import Receive, Scope, Send, read_request
 from tests.fakes.server import serve_in_thread
-from tests.integration.conftest import server_url, start_real_gateway
+from tests.integration.conftest import direct_stream, server_url, start_real_gateway
 from tests.integration.test_reasoning_cache import run_server
 
 pytestmark = pytest.mark.llama_server
@@ -145,7 +145,7 @@ def read_stream(lines: Iterator[str], stop_after: int | None = None) -> dict[str
 
 def direct(url: str, body: dict[str, Any], stop_after: int | None = None) -> dict[str, Any]:
     payload = {"messages": ASK, "stream": True, **SAMPLING, **body}
-    with httpx.stream("POST", url + "/v1/chat/completions", json=payload, timeout=120) as resp:
+    with direct_stream("POST", url + "/v1/chat/completions", json=payload, timeout=120) as resp:
         assert resp.status_code == 200
         return read_stream(resp.iter_lines(), stop_after)
 

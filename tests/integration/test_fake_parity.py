@@ -17,7 +17,7 @@ from tests.e2e.conftest import Gateway
 from tests.fakes.common import parse_sse
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fakes.server import serve_in_thread
-from tests.integration.conftest import server_url
+from tests.integration.conftest import direct_get, direct_post, server_url
 
 HELLO = [{"role": "user", "content": "Say hello to the team."}]
 
@@ -42,7 +42,7 @@ def both(real: Gateway, fake_url: str) -> dict[str, str]:
 
 
 def post(url: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+    return direct_post(url + "/v1/chat/completions", json=body, timeout=60)
 
 
 def each(both: dict[str, str], fn: Any) -> tuple[Any, Any]:
@@ -180,9 +180,9 @@ def test_request_errors(
 
 
 def test_health_props_and_unknown_path(both: dict[str, str]) -> None:
-    real, fake = each(both, lambda u: httpx.get(u + "/health", timeout=10))
+    real, fake = each(both, lambda u: direct_get(u + "/health", timeout=10))
     assert real.status_code == fake.status_code == 200 and real.json() == fake.json()
-    real, fake = each(both, lambda u: httpx.get(u + "/props", timeout=10))
+    real, fake = each(both, lambda u: direct_get(u + "/props", timeout=10))
     r, f = real.json(), fake.json()
     assert set(r["chat_template_caps"]) == set(f["chat_template_caps"])
     missing = {
@@ -195,7 +195,7 @@ def test_health_props_and_unknown_path(both: dict[str, str]) -> None:
         "build_info",
     } - set(f)
     assert not missing
-    real, fake = each(both, lambda u: httpx.get(u + "/nowhere", timeout=10))
+    real, fake = each(both, lambda u: direct_get(u + "/nowhere", timeout=10))
     assert real.status_code == fake.status_code == 404
     assert real.json() == fake.json()
 
@@ -220,8 +220,8 @@ def test_what_the_cache_keeper_reads_and_sends(real: Gateway, plain_fake_url: st
     for name, url in both.items():
         answer = post(url, {"messages": HELLO, "max_tokens": 8, "temperature": 0}).json()
         message = answer["choices"][0]["message"]
-        prompt = httpx.post(url + "/apply-template", json={"messages": HELLO}).json()["prompt"]
-        slots = httpx.get(url + "/slots", timeout=10).json()
+        prompt = direct_post(url + "/apply-template", json={"messages": HELLO}).json()["prompt"]
+        slots = direct_get(url + "/slots", timeout=10).json()
         [slot] = [
             s for s in slots if isinstance(s.get("prompt"), str) and s["prompt"].endswith(prompt)
         ]
@@ -230,12 +230,12 @@ def test_what_the_cache_keeper_reads_and_sends(real: Gateway, plain_fake_url: st
         assert (message["content"] or "")[:4] in slot["generated"]
         following = [*HELLO, {"role": "assistant", "content": message["content"]}]
         following.append({"role": "user", "content": "next"})
-        rendered = httpx.post(url + "/apply-template", json={"messages": following}).json()
+        rendered = direct_post(url + "/apply-template", json={"messages": following}).json()
         text = rendered["prompt"][: rendered["prompt"].index("next")]
-        pieces = httpx.post(url + "/tokenize", json={"content": text, "with_pieces": True}).json()
+        pieces = direct_post(url + "/tokenize", json={"content": text, "with_pieces": True}).json()
         assert all(isinstance(p["piece"], str | list) for p in pieces["tokens"])
         body = {"prompt": text, "n_predict": 0, "cache_prompt": True}
-        repair = httpx.post(url + "/completion", json=body, timeout=60).json()
+        repair = direct_post(url + "/completion", json=body, timeout=60).json()
         found[name] = {"answer": answer, "repair": repair, "slot": slot}
     for side in found.values():
         usage, repair = side["answer"]["usage"], side["repair"]

@@ -11,7 +11,7 @@ import orjson
 
 from tests.e2e.conftest import Gateway
 from tests.fakes.common import parse_sse
-from tests.integration.conftest import ALL_KEYS, managed_pid, server_url
+from tests.integration.conftest import ALL_KEYS, direct_get, managed_pid, server_url
 
 QUESTION: list[Any] = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
@@ -157,11 +157,11 @@ def test_every_server_key_reaches_the_process(real: Gateway) -> None:
     assert "--no-reasoning-preserve" in argv and "--reasoning-preserve" not in argv
     assert "--metrics" in argv  # extra_args
     assert _environ(managed_pid(real, "tuned"))["GGML_OP_OFFLOAD_MIN_BATCH"] == "64"
-    props = httpx.get(server_url(real, "tuned") + "/props", timeout=10).json()
+    props = direct_get(server_url(real, "tuned") + "/props", timeout=10).json()
     assert props["total_slots"] == 2
     assert props["default_generation_settings"]["n_ctx"] == 512  # 1024 shared by 2 slots
     assert props["endpoint_metrics"] is True
-    assert httpx.get(server_url(real, "tuned") + "/metrics", timeout=10).status_code == 200
+    assert direct_get(server_url(real, "tuned") + "/metrics", timeout=10).status_code == 200
 
 
 def test_unset_keys_add_nothing(real: Gateway) -> None:

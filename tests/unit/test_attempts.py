@@ -184,3 +184,37 @@ async def test_another_request_of_the_call_shares_its_log_and_clock(
         await first.for_request(other).open()
     assert log.count == 2 and waits.asked == []
     assert server.seen[1].body == b'{"other": 1}'
+
+
+class _MovingLease:
+    """A pool's lease whose first server is down: the request moves to ``there``, whose
+    key is its own."""
+
+    def __init__(self, there: str) -> None:
+        self.there = there
+
+    async def moved_url(self, url: str) -> str | None:
+        return self.there + "/v1/chat/completions"
+
+    def headers_for(self, url: str) -> dict[str, str]:
+        assert url.startswith(self.there)
+        return {"Authorization": "Bearer key-of-the-other-server"}
+
+
+async def test_a_request_moved_to_another_server_carries_that_servers_key(
+    server: ScriptedServer, http: HttpClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    server.queue(json_answer(200, OK))
+    headers = {"Content-Type": "application/json", "authorization": "Bearer key-of-the-dead"}
+    lease: Any = _MovingLease(server.url)
+    prepared = PreparedRequest(dead + "/v1/chat/completions", headers, b"{}", server=lease)
+    upstream = openai_upstream(server.url, http, monkeypatch)
+    resp = await Attempts(http, upstream, prepared, AttemptLog(), Waits()).open()
+    assert resp.status == 200
+    await read_body(resp)
+    assert server.seen[0].header("Authorization") == "Bearer key-of-the-other-server"
+    assert server.seen[0].head.lower().count(b"authorization") == 1
+    assert prepared.headers["Content-Type"] == "application/json"

@@ -9,6 +9,7 @@ import pytest
 from boundedcode_gateway.cli.main import main
 from boundedcode_gateway.config import ServerSettings, parse_config
 from boundedcode_gateway.errors import ConfigError
+from boundedcode_gateway.llama_server.environment import CLOSED_CORS_ENV
 from boundedcode_gateway.llama_server.flags import SLOTS_DEBUG_ENV, server_command
 from boundedcode_gateway.llama_server.locate import (
     find_llama_server,
@@ -16,6 +17,8 @@ from boundedcode_gateway.llama_server.locate import (
     resolve_server_files,
 )
 
+# what every managed server's environment is given, whatever its keys
+GATEWAY_ENV = {**SLOTS_DEBUG_ENV, **CLOSED_CORS_ENV}
 BASE = (
     "llama-server",
     "--model",
@@ -39,7 +42,7 @@ def command(**keys: object) -> tuple[tuple[str, ...], dict[str, str]]:
 
 def test_unset_keys_add_nothing() -> None:
     argv, env = command()
-    assert argv == BASE and env == SLOTS_DEBUG_ENV
+    assert argv == BASE and env == GATEWAY_ENV
 
 
 @pytest.mark.parametrize(
@@ -61,13 +64,13 @@ def test_unset_keys_add_nothing() -> None:
 )
 def test_each_key_maps_to_its_flag(key: str, value: object, flags: list[str]) -> None:
     argv, env = command(**{key: value})
-    assert argv == (*BASE, *flags) and env == SLOTS_DEBUG_ENV
+    assert argv == (*BASE, *flags) and env == GATEWAY_ENV
 
 
 def test_op_offload_min_batch_goes_to_the_environment() -> None:
     argv, env = command(op_offload_min_batch=64)
     assert argv == BASE
-    assert env == {**SLOTS_DEBUG_ENV, "GGML_OP_OFFLOAD_MIN_BATCH": "64"}
+    assert env == {**GATEWAY_ENV, "GGML_OP_OFFLOAD_MIN_BATCH": "64"}
 
 
 PROFILE = """\
@@ -159,6 +162,12 @@ def test_print_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     )
     assert main(["llama-server", "local", "--print", "--config", str(config)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1:3] == ["export LLAMA_SERVER_SLOTS_DEBUG=1", "export GGML_OP_OFFLOAD_MIN_BATCH=16"]
-    assert "llama-server --model " in out[3] and out[3].endswith("--cache-ram 0")
-    assert "--alias local --no-webui" in out[3]
+    assert "LLAMA_API_KEY" in out[1] and "api-key" not in out[-1]
+    assert out[2:6] == [
+        "export LLAMA_SERVER_SLOTS_DEBUG=1",
+        "export LLAMA_ARG_CORS_ORIGINS=http://127.0.0.1:0",
+        "export LLAMA_ARG_CORS_CREDENTIALS=false",
+        "export GGML_OP_OFFLOAD_MIN_BATCH=16",
+    ]
+    assert "llama-server --model " in out[6] and out[6].endswith("--cache-ram 0")
+    assert "--alias local --no-webui" in out[6]

@@ -126,3 +126,65 @@ def test_any_split_of_odd_framings_gives_the_same_events(data: st.DataObject) ->
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     assert decode_all(chunks) == decode_all([stream])
     assert decode_all([stream])[0] == SSEEvent("delta", b'{"a":\n1}')
+
+
+# -- every line of an event counts toward the limit, whatever its field
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"data\n", b"data:\n", b": keep-alive\n", b"id: 7\n", b"retry: 10\n", b"x-unknown: 1\n"],
+    ids=["empty-data", "empty-data-colon", "comment", "id", "retry", "unknown-field"],
+)
+def test_lines_that_add_no_data_still_count_toward_the_limit(line: bytes) -> None:
+    decoder = SSEDecoder(max_event_bytes=1000)
+    # one piece, then the same lines a few at a time: neither gets past the limit
+    with pytest.raises(EventTooLarge):
+        decoder.feed(line * (1000 // len(line) + 1))
+    decoder = SSEDecoder(max_event_bytes=1000)
+    with pytest.raises(EventTooLarge):
+        for _ in range(1000):
+            decoder.feed(line * 3)
+
+
+def test_an_event_ended_in_time_resets_the_count() -> None:
+    decoder = SSEDecoder(max_event_bytes=1000)
+    events: list[SSEEvent] = []
+    for _ in range(100):  # 100 events of 900 bytes each: each within the limit
+        events += decoder.feed(b"data\n" * 100 + b": ping\n" * 50 + b"data: x\n\n")
+    assert len(events) == 100
+    assert events[0] == SSEEvent("", b"\n" * 100 + b"x")
+
+
+def test_the_limit_counts_whole_lines_not_only_data_values() -> None:
+    # 20 data lines hold 800 bytes of values in 940 bytes of lines (47 each)
+    event = b"data: " + b"v" * 40 + b"\n"
+    assert SSEDecoder(max_event_bytes=940).feed(event * 20 + b"\n") != []
+    with pytest.raises(EventTooLarge):
+        SSEDecoder(max_event_bytes=939).feed(event * 20 + b"\n")
+
+
+_LINES = st.sampled_from(
+    [b"data\n", b"data: abc\n", b": c\n", b"event: e\n", b"\n", b"data\r\n", b"\r\n", b"x\r"]
+)
+
+
+def _outcome(chunks: list[bytes], limit: int) -> list[SSEEvent] | str:
+    decoder = SSEDecoder(max_event_bytes=limit)
+    events: list[SSEEvent] = []
+    try:
+        for chunk in chunks:
+            events += decoder.feed(chunk)
+        events += decoder.close()
+    except EventTooLarge:
+        return "too large"
+    return events
+
+
+@given(st.data())
+def test_any_split_reaches_the_limit_alike(data: st.DataObject) -> None:
+    stream = b"".join(data.draw(st.lists(_LINES, max_size=60)))
+    limit = data.draw(st.integers(1, 80))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
+    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    assert _outcome(chunks, limit) == _outcome([stream], limit)

@@ -37,6 +37,10 @@ def run_print(config: GatewayConfig, name: str) -> int:
     """Print the environment additions and the command line, one shell line each."""
     cmd = command_for(config, name, free_port())
     print("# the port is chosen free at each start")
+    print(
+        "# each start also sets LLAMA_API_KEY to a fresh random key, and passes on only an "
+        "allow-list of the gateway's environment (docs/security.md)"
+    )
     for var, value in cmd.env.items():
         print(f"export {var}={shlex.quote(value)}")
     print(shlex.join(cmd.argv))

@@ -50,9 +50,9 @@ _SENTINEL = "\u2063boundedcode-next-message\u2063"
 @dataclass(frozen=True, slots=True)
 class CacheServer:
     """A profile whose servers' slots, chat template and prompt cache the gateway can read
-    and warm (llama.cpp): what to send them, and whether to repair."""
+    and warm (llama.cpp): what a request to a server's root carries, and whether to repair."""
 
-    headers: Callable[[], dict[str, str]]
+    headers: Callable[[str], dict[str, str]]
     repair: bool
 
 
@@ -98,7 +98,8 @@ def cut_at_sentinel(prompt: str) -> str | None:
 
 def pick_slot(slots: Any, prompt: str) -> dict[str, Any] | None:
     """The idle slot whose last prompt was this answer's (its text is shown only while the
-    server runs with ``LLAMA_SERVER_SLOTS_DEBUG=1``; the detokenised text may carry a BOS)."""
+    server runs with ``LLAMA_SERVER_SLOTS_DEBUG=1``, and only to a request with the
+    server's key; the detokenised text may carry a BOS)."""
     if not isinstance(slots, list):
         return None
     for slot in slots:
@@ -317,12 +318,12 @@ class CacheKeeper:
         return out
 
     async def _get(self, root: str, path: str) -> Any:
-        resp = await self._http.send("GET", root + path, self._headers(), resend_safe=True)
+        resp = await self._http.send("GET", root + path, self._headers(root), resend_safe=True)
         raw = await _read(resp)
         return orjson.loads(raw) if resp.status == 200 else None
 
     async def _post(self, root: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        headers = {"Content-Type": "application/json", **self._headers()}
+        headers = {"Content-Type": "application/json", **self._headers(root)}
         resp = await self._http.send(
             "POST", root + path, headers, orjson.dumps(body), resend_safe=True
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from boundedcode_gateway.config import ServerSettings
+from boundedcode_gateway.llama_server.environment import CLOSED_CORS_ENV
 
 LOOPBACK = "127.0.0.1"
 
@@ -39,10 +40,12 @@ ENV_KEYS: tuple[tuple[str, str], ...] = (
 
 @dataclass(frozen=True, slots=True)
 class ServerCommand:
-    """What the gateway runs: argv, and the variables added to its environment."""
+    """What the gateway runs: argv, the variables it sets in the server's environment, and
+    the names of the gateway's own variables the server is also given (``pass_env``)."""
 
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
+    pass_env: tuple[str, ...] = ()
 
 
 def settings_argv(settings: ServerSettings) -> list[str]:
@@ -61,7 +64,8 @@ def settings_argv(settings: ServerSettings) -> list[str]:
 
 
 # /slots then shows each slot's last prompt and generated text, which the cache keeper
-# compares with the next request's rendering to name a cache miss (docs/reasoning.md)
+# compares with the next request's rendering to name a cache miss (docs/reasoning.md);
+# only to a request with the server's key (docs/security.md)
 SLOTS_DEBUG_ENV = {"LLAMA_SERVER_SLOTS_DEBUG": "1"}
 
 
@@ -71,7 +75,7 @@ def settings_env(settings: ServerSettings) -> dict[str, str]:
         for key, var in ENV_KEYS
         if getattr(settings, key) is not None
     }
-    return {**SLOTS_DEBUG_ENV, **env}
+    return {**SLOTS_DEBUG_ENV, **CLOSED_CORS_ENV, **env}
 
 
 def server_command(
@@ -92,4 +96,4 @@ def server_command(
         "--no-webui",
         *settings_argv(settings),
     ]
-    return ServerCommand(tuple(argv), settings_env(settings))
+    return ServerCommand(tuple(argv), settings_env(settings), settings.pass_env)

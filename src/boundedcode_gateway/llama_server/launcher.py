@@ -1,8 +1,10 @@
 """One managed llama-server process: start on a free loopback port, wait until healthy,
 restart with backoff when it dies, stop with the gateway.
 
-Owns the process and its state; it must not know chat payloads. The child is
-put in its own session (a Ctrl-C meant for the gateway does not hit it first)
+Owns the process and its state; it must not know chat payloads. Each start gives
+the server a fresh key and an environment reduced to what it needs
+(``environment.py``); everything the gateway sends it carries ``auth_headers()``. The
+child is put in its own session (a Ctrl-C meant for the gateway does not hit it first)
 and asked to die with the gateway (PR_SET_PDEATHSIG), so no server outlives it.
 """
 
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from boundedcode_gateway.errors import GatewayError, UpstreamUnavailable
+from boundedcode_gateway.llama_server.environment import new_api_key, server_environment
 from boundedcode_gateway.llama_server.flags import LOOPBACK, ServerCommand
 from boundedcode_gateway.upstream.http import HttpClient, read_body
 
@@ -121,6 +124,20 @@ class ManagedLlamaServer:
         self._state: ServerState = "stopped"
         self._ready_since: float | None = None  # monotonic
         self._argv: tuple[str, ...] = ()
+        # the key of the server's current start (none before the first)
+        self._key: str | None = None
+
+    def auth_headers(self) -> dict[str, str]:
+        """What a request to the server's current start carries to be let in."""
+        return {"Authorization": f"Bearer {self._key}"} if self._key is not None else {}
+
+    def serves(self, url: str) -> bool:
+        """Whether ``url`` is on the server's current port (an earlier start's port is not:
+        its key went with it)."""
+        if not self._port:
+            return False
+        root = f"http://{LOOPBACK}:{self._port}"
+        return url == root or url.startswith(root + "/")
 
     def status(self) -> ServerStatus:
         ready_since = self._ready_since
@@ -185,13 +202,15 @@ class ManagedLlamaServer:
         self._port = free_port()
         cmd = self._command_for_port(self._port)
         self._argv = cmd.argv
+        self._key = new_api_key()
+        env = server_environment(os.environ, cmd.env, self._key, cmd.pass_env)
         if self._state != "failed":
             self._state = "restarting" if self.restarts else "starting"
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self._log_path, "ab") as out:
             self._proc = subprocess.Popen(
                 cmd.argv,
-                env={**os.environ, **cmd.env},
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -217,7 +236,7 @@ class ManagedLlamaServer:
         url = f"http://{LOOPBACK}:{self._port}/health"
         while not exited.done() and not self._stopping:
             try:
-                resp = await self._http.send("GET", url, {}, resend_safe=True)
+                resp = await self._http.send("GET", url, self.auth_headers(), resend_safe=True)
                 await read_body(resp)
                 if resp.status == 200:
                     self._state = "ready"

@@ -115,6 +115,15 @@ class ServerPool:
         """The lease a call of conversation ``key`` holds (its server chosen on first use)."""
         return ServerLease(self, key)
 
+    def headers_for(self, url: str) -> dict[str, str]:
+        """What a request to ``url`` carries to be let in: the key of the managed server
+        listening there, else the profile's own (``api_key_env``, for a server the
+        gateway does not run)."""
+        for member in self.members:
+            if member.managed is not None and member.managed.serves(url):
+                return member.managed.auth_headers()
+        return self._headers()
+
     def healthy_root(self) -> str:
         """The first server that is up, for what any of them can answer (``/props``)."""
         for member in self.members:
@@ -161,7 +170,7 @@ class ServerPool:
 
     async def _get(self, url: str) -> Any:
         """The JSON of a 200 answer (``{}`` for one that is not JSON); None otherwise."""
-        resp = await self.http.send("GET", url, self._headers(), resend_safe=True)
+        resp = await self.http.send("GET", url, self.headers_for(url), resend_safe=True)
         raw = await read_body(resp)
         if resp.status != 200:
             return None
@@ -279,6 +288,10 @@ class ServerLease:
         self._index = index
         self.reason = reason
         self._pool.members[index].state.call_started()
+
+    def headers_for(self, url: str) -> dict[str, str]:
+        """The credentials of the server ``url`` is on (after a failover, the new one's)."""
+        return self._pool.headers_for(url)
 
     async def moved_url(self, url: str) -> str | None:
         """After a failed send or an answer that broke off: if the server is down, the same

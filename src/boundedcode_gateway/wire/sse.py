@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 DONE = b"[DONE]"
-# an event's data lines together, or a line not yet ended, may hold this much
+# an event's lines together (every line up to the blank one that ends it, whatever its
+# field), or a line not yet ended, may hold this much
 DEFAULT_MAX_EVENT_BYTES = 8 << 20
 
 
@@ -21,7 +22,7 @@ class SSEEvent(NamedTuple):
 
 
 class EventTooLarge(ValueError):
-    """An event's data lines, or a line that has not ended, passed the decoder's limit."""
+    """An event's lines, or a line that has not ended, passed the decoder's limit."""
 
     def __init__(self, limit: int) -> None:
         super().__init__(f"an event of the stream is larger than {limit} bytes")
@@ -30,9 +31,13 @@ class EventTooLarge(ValueError):
 
 class SSEDecoder:
     """Turns any split of an SSE byte stream into the same events (WHATWG rules), each
-    event within ``max_event_bytes`` (else ``EventTooLarge``)."""
+    event within ``max_event_bytes`` (else ``EventTooLarge``).
 
-    __slots__ = ("_data", "_data_size", "_event", "_has_data", "_limit", "_tail", "_tail_size")
+    The limit counts every byte of an event's lines, their ends included, whatever the
+    field: an empty ``data`` line adds a list entry though it adds no data, and comments
+    and unknown fields would otherwise let a stream that never ends an event run on."""
+
+    __slots__ = ("_data", "_event", "_event_size", "_has_data", "_limit", "_tail", "_tail_size")
 
     def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
         self._limit = max_event_bytes
@@ -41,7 +46,7 @@ class SSEDecoder:
         self._tail: list[bytes] = []
         self._tail_size = 0
         self._data: list[bytes] = []
-        self._data_size = 0
+        self._event_size = 0
         self._event = ""
         self._has_data = False
 
@@ -67,22 +72,29 @@ class SSEDecoder:
             tail.append(last)
             self._tail_size = len(last)
         events: list[SSEEvent] = []
+        limit = self._limit
+        size = self._event_size
         for raw in lines:
             line = raw.rstrip(b"\r\n")
             if not line:
                 if self._has_data:
                     events.append(SSEEvent(self._event, b"\n".join(self._data)))
                 self._data = []
-                self._data_size = 0
+                size = 0
                 self._event = ""
                 self._has_data = False
             else:
+                # counted before the line is kept: the event never holds more than the limit
+                size += len(raw)
+                if size > limit:
+                    raise EventTooLarge(limit)
                 self._field(line)
+        self._event_size = size
         self._check()
         return events
 
     def _check(self) -> None:
-        if self._data_size + self._tail_size > self._limit:
+        if self._event_size + self._tail_size > self._limit:
             raise EventTooLarge(self._limit)
 
     def _field(self, line: bytes) -> None:
@@ -93,10 +105,7 @@ class SSEDecoder:
             value = value[1:]
         if name == b"data":
             self._data.append(value)
-            self._data_size += len(value)
             self._has_data = True
-            if self._data_size > self._limit:  # before the event is dispatched whole
-                raise EventTooLarge(self._limit)
         elif name == b"event":
             self._event = value.decode("utf-8", "replace")
 

@@ -187,7 +187,7 @@ class OpenAICompatUpstream:
     async def _read_props(self) -> Capabilities | None:
         try:
             url = self._server_root() + "/props"
-            resp = await self._http.send("GET", url, self._auth_headers(), resend_safe=True)
+            resp = await self._http.send("GET", url, self._headers_for(url), resend_safe=True)
             raw = await read_body(resp)
         except GatewayError as exc:
             log.warning("model %s: cannot read /props yet: %s", self.name, exc.message)
@@ -217,9 +217,9 @@ class OpenAICompatUpstream:
     async def _probe_template(self) -> None:
         """Render one probe conversation to see how the template closes reasoning."""
         body = orjson.dumps({"messages": PROBE_MESSAGES})
-        headers = {"Content-Type": "application/json", **self._auth_headers()}
         try:
             url = self._server_root() + "/apply-template"
+            headers = {"Content-Type": "application/json", **self._headers_for(url)}
             resp = await self._http.send("POST", url, headers, body, resend_safe=True)
             raw = await read_body(resp)
         except GatewayError as exc:
@@ -254,6 +254,13 @@ class OpenAICompatUpstream:
                 f"{self._profile.api_key_env}, which is not set"
             )
         return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def _headers_for(self, url: str) -> dict[str, str]:
+        """A request to ``url``'s credentials: a managed server's key where one listens
+        there, else the profile's ``api_key_env``."""
+        if self._pool is not None:
+            return self._pool.headers_for(url)
+        return self._auth_headers()
 
     def secrets(self) -> tuple[str, ...]:
         return self._profile.secrets()
@@ -292,14 +299,15 @@ class OpenAICompatUpstream:
         if self._budget_message is not None and _needs_budget_message(out):
             out["reasoning_budget_message"] = self._budget_message
             adjustments["reasoning_budget_message"] = self._budget_message
-        headers = {"Content-Type": "application/json", **self._auth_headers()}
+        body = orjson.dumps(out)
+        url = self._chat_url(call.server, len(body))
+        headers = {"Content-Type": "application/json", **self._headers_for(url)}
         if stream:
             headers["Accept"] = "text/event-stream"
         if self._dialect.idempotency_key:
             headers["Idempotency-Key"] = call.call_id
-        body = orjson.dumps(out)
         return PreparedRequest(
-            url=self._chat_url(call.server, len(body)),
+            url=url,
             headers=headers,
             body=body,
             resend_safe=self._dialect.idempotency_key,
@@ -342,7 +350,7 @@ class OpenAICompatUpstream:
             return None
         assert self._pool is not None
         repair = all(m.cache_repair for m in self._pool.members)
-        return CacheServer(self._auth_headers, repair)
+        return CacheServer(self._headers_for, repair)
 
     async def count_tokens(self, body: dict[str, Any]) -> int | None:
         """The tokens of the prompt ``body`` renders to on a llama.cpp server: its chat
@@ -372,7 +380,7 @@ class OpenAICompatUpstream:
 
     async def _post_json(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
         """A JSON object a server answers to a request that changes nothing there."""
-        headers = {"Content-Type": "application/json", **self._auth_headers()}
+        headers = {"Content-Type": "application/json", **self._headers_for(url)}
         resp = await self._http.send("POST", url, headers, orjson.dumps(body), resend_safe=True)
         raw = await read_body(resp)
         if resp.status != 200:
@@ -442,9 +450,8 @@ class OpenAICompatUpstream:
         """How many slots, how many busy, each one's context and cached tokens (None where
         the server has no ``/slots``); never a slot's prompt or text."""
         try:
-            resp = await self._http.send(
-                "GET", root + "/slots", self._auth_headers(), resend_safe=True
-            )
+            url = root + "/slots"
+            resp = await self._http.send("GET", url, self._headers_for(url), resend_safe=True)
             raw = await read_body(resp)
             slots = orjson.loads(raw) if resp.status == 200 else None
         except (GatewayError, orjson.JSONDecodeError):
