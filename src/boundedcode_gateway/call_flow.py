@@ -158,7 +158,8 @@ class CallFlow:
         self._log = AttemptLog()
         self._changed: int | None = None
         self._stream = False
-        self._adjustments: dict[str, Any] = {}
+        # the front's first, then what the upstream's adapter and the relay changed
+        self._adjustments: dict[str, Any] = dict(meter.ctx.adjustments)
         self._structured_output: str | None = None
         self._schema_valid: bool | None = None
         self._miss: MissReport | None = None

@@ -46,6 +46,14 @@ class FrontCall(Protocol):
         ...
 
 
+@runtime_checkable
+class AdjustingCall(FrontCall, Protocol):
+    """A call whose front changed the request on its own account (a tool it left out,
+    a version it served as another): the record's ``adjustments`` get these."""
+
+    adjustments: dict[str, Any]
+
+
 class Front(Protocol):
     """One API a caller may speak."""
 

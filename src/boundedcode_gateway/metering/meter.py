@@ -7,7 +7,8 @@ import random
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.clock import utc_now_iso
@@ -37,6 +38,9 @@ class CallContext:
     caller: Caller | None = None
     # the API the caller spoke (fronts/): "chat", "messages", "responses"
     front: str = "chat"
+    # what the front changed of the request on its own account, for the record's
+    # ``adjustments`` (a server tool left out, a newer API version served as a known one)
+    adjustments: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def new(

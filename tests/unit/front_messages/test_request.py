@@ -348,19 +348,33 @@ def test_max_tokens_is_required_except_to_count() -> None:
                     ]
                 }
             ),
-            "context_management.edits.0",
+            "context_management.edits.0.keep",
         ),
-        (base(context_management={"edits": "all"}), "context_management"),
+        (base(context_management={"edits": "all"}), "context_management.edits"),
         (base(frequency_penalty=1), "frequency_penalty"),
-        (base(tools=[{"type": "web_search_20250305", "name": "web_search"}]), "tools.0.type"),
-        (
-            base(tools=[{"name": "t", "input_schema": {}, "defer_loading": True}]),
-            "tools.0.defer_loading",
-        ),
+        (base(tools=[{"type": "memory_20250818", "name": "memory"}]), "tools.0.type"),
+        (base(tools=[{"name": "t", "input_schema": {}, "cache": True}]), "tools.0.custom.cache"),
         (
             base(messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}]),
-            "messages.0.content.0.type",
+            "messages.0.content.0.source",
         ),
+        (
+            base(
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "document",
+                                "source": {"type": "base64", "media_type": "x", "data": "x"},
+                            }
+                        ],
+                    }
+                ]
+            ),
+            "messages.0.content.0.source.type",
+        ),
+        (base(thread={"type": "create"}), "thread"),
         (
             base(
                 messages=[
@@ -372,12 +386,12 @@ def test_max_tokens_is_required_except_to_count() -> None:
             ),
             "messages.0.content.0.type",
         ),
-        (base(messages=[{"role": "system", "content": "x"}]), "messages.0.role"),
-        (base(messages=[{"role": "user", "content": []}]), "messages.0.content"),
+        (base(messages=[{"role": "tool", "content": "x"}]), "messages.0.role"),
+        (base(messages=[{"role": "user", "content": []}]), "messages.0"),
         (base(messages=[]), "messages"),
         (base(model=""), "model"),
-        (base(thinking={"type": "enabled"}), "thinking.budget_tokens"),
-        (base(output_config={"format": {"type": "text"}}), "output_config.format.type"),
+        (base(thinking={"type": "enabled"}), "thinking.enabled.budget_tokens"),
+        (base(output_config={"format": {"type": "text"}}), "output_config.format"),
         (
             base(
                 messages=[
@@ -401,11 +415,24 @@ def test_what_the_chat_form_cannot_carry_is_refused_by_name(
 
 
 def test_the_version_header_is_required_and_known() -> None:
-    check_headers(HEADERS)
-    with pytest.raises(InvalidRequest, match="anthropic-version: header is required"):
+    assert check_headers(HEADERS).version == "2023-06-01"
+    assert check_headers({"anthropic-version": "2026-10-21"}).version == "2026-10-21"
+    with pytest.raises(InvalidRequest, match="^anthropic-version: header is required$"):
         check_headers({})
-    with pytest.raises(InvalidRequest, match="unknown version '2099-01-01'"):
-        check_headers({"anthropic-version": "2099-01-01"})
+    for bad in ("2023-01-01", "2026-1-1", "latest"):
+        with pytest.raises(InvalidRequest) as caught:
+            check_headers({"anthropic-version": bad})
+        assert caught.value.message == f'anthropic-version: "{bad}" is not a valid version'
+
+
+def test_a_newer_dated_version_is_served_by_the_newest_rules_and_noted() -> None:
+    rules = check_headers({"anthropic-version": "2099-01-01"})
+    assert rules.version == "2026-10-21"
+    notes: dict[str, Any] = {}
+    chat(base(), rules=rules, adjustments=notes)
+    assert notes == {"anthropic_version_served_as": "2099-01-01→2026-10-21"}
+    with pytest.raises(InvalidRequest, match="^temperature: Extra inputs are not permitted$"):
+        to_chat_body(base(temperature=1), SEALER.verify, rules=rules)
 
 
 def test_the_discard_event_cannot_be_asked_for() -> None:
