@@ -289,7 +289,7 @@ def test_errors_have_anthropics_shape_and_status(gateway: Gateway, upstreams: Up
         "error": {"type": "not_found_error", "message": "model: nope"},
         "request_id": missing.value.response.headers["request-id"],
     }
-    assert missing.value.request_id == missing.value.body["request_id"]  # type: ignore[index]
+    assert missing.value.request_id == missing.value.body["request_id"]
     upstreams.llama.queue(Reply(status=429))
     with pytest.raises(anthropic.RateLimitError) as limited:
         client.messages.create(model="local", max_tokens=10, messages=ASK)
@@ -600,7 +600,7 @@ def test_claude_codes_tool_search_and_server_tools(gateway: Gateway, upstreams: 
     )
 
 
-MID_SYSTEM = [
+MID_SYSTEM: list[Any] = [
     {"role": "user", "content": "What is in README.md?"},
     {"role": "assistant", "content": "It describes the gateway."},
     {"role": "system", "content": "Answer in French from now on."},

@@ -142,7 +142,7 @@ def _function(
     name: str, description: str | None, schema: Any, strict: Any, where: str
 ) -> dict[str, Any]:
     function: dict[str, Any] = {"name": name}
-    if description:
+    if description is not None:
         function["description"] = description
     function["parameters"] = schema
     if strict is not None and not isinstance(strict, bool):
@@ -165,7 +165,8 @@ def _custom(tool: dict[str, Any], where: str) -> dict[str, Any]:
     description = tool.get("description")
     if description is not None and not isinstance(description, str):
         raise wrong_type(f"{where}.custom.description", "string")
-    text = (description or "") + _examples(tool, where)
+    examples = _examples(tool, where)
+    text = (description or "") + examples if description is not None or examples else None
     return _function(name, text, schema, tool.get("strict"), where)
 
 
