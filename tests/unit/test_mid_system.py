@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from boundedcode_gateway.policy.mid_system import fold_system_messages, marked
+from boundedcode_gateway.providers.openai_compat.template_checks import renders_mid_system
 
 
 def sys(text: str) -> dict[str, Any]:
@@ -127,3 +128,15 @@ def test_the_prompt_of_a_turn_starts_the_next_turns(before: list[str], after: li
     for m in following:
         if m["role"] == "system":
             assert shown.count(m["content"]) == 1
+
+
+def test_the_template_probe_tells_a_system_message_rendered_in_place() -> None:
+    in_place = (
+        "<|im_start|>system\nprobe-system<|im_end|>\n<|im_start|>user\nprobe-question<|im_end|>\n"
+        "<|im_start|>assistant\nprobe-answer<|im_end|>\n<|im_start|>system\nprobe-mid-system"
+    )
+    assert renders_mid_system(in_place)
+    # refused (the template raised), dropped, or moved to the start: not in place
+    assert not renders_mid_system(None)
+    assert not renders_mid_system(in_place.replace("probe-mid-system", ""))
+    assert not renders_mid_system("probe-mid-system\nprobe-question probe-answer")

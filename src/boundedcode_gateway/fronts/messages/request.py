@@ -88,8 +88,6 @@ _TAKEN = frozenset(
         "thread",
     }
 )
-# a text block's keys: citations are what the model cited, which changes nothing here
-_TEXT_KEYS = frozenset({"type", "text", "cache_control", "citations"})
 # the content blocks Anthropic's Messages API defines in a message
 _BLOCK_TAGS = (
     "text",
