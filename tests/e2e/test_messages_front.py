@@ -648,6 +648,8 @@ def test_where_the_template_takes_one_system_message_it_is_folded_and_the_cache_
     assert [c["adjustments"].get("system_messages_folded") for c in calls] == [None, 1, 1]
     assert [c["miss_cause"] for c in calls[1:]] == ["none", "none"]
     assert all(c["cached_tokens"] > 0 for c in calls[1:])
+    # counted as a call renders it: folded too
+    assert client.messages.count_tokens(model="local", messages=turn).input_tokens > 0
     with httpx.Client(base_url=gw.url) as http:
         caps = http.get("/v1/models/local").json()["capabilities"]
     assert caps["system_messages"] == "folded"

@@ -386,6 +386,8 @@ class OpenAICompatUpstream:
             profile=self.name,
         )
         out["messages"] = strip_system_messages(out["messages"])[0]
+        if caps.system_messages == "folded":
+            out["messages"] = fold_system_messages(out["messages"])[0]
         root = self._server_root()
         prompt = (await self._post_json(root + "/apply-template", out)).get("prompt")
         if not isinstance(prompt, str):
