@@ -639,3 +639,25 @@ def test_fields_that_change_nothing_are_taken() -> None:
         output_config={"task_budget": {"type": "tokens", "total": 1000}},
     )
     assert newest(quiet, sdk_type=False) == newest(base())
+
+
+def test_a_system_message_between_a_tool_call_and_its_result_follows_the_result() -> None:
+    request = base(
+        messages=[
+            {"role": "user", "content": "read it"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "c1", "name": "read", "input": {}}],
+            },
+            {"role": "system", "content": "Mind the budget."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "c1", "content": "text"},
+                    {"type": "text", "text": "go on"},
+                ],
+            },
+        ]
+    )
+    roles = [m["role"] for m in chat(request)["messages"]]
+    assert roles == ["user", "assistant", "tool", "system", "user"]

@@ -454,7 +454,26 @@ def _messages(
         out.append(system)
     for i, message in enumerate(messages):
         out.extend(_message(message, f"messages.{i}", profile, verify, rules))
-    return out
+    return _results_after_calls(out)
+
+
+def _results_after_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with a system message that came between an assistant's tool calls
+    and their results moved after the results: the chat form has a call's results
+    follow it directly (OpenAI refuses anything between)."""
+    out: list[dict[str, Any]] = []
+    held: list[dict[str, Any]] = []
+    for message in messages:
+        role = message["role"]
+        after_calls = bool(out) and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]
+        if role == "system" and (held or after_calls):
+            held.append(message)
+        elif role == "tool" or not held:
+            out.append(message)
+        else:
+            out += [*held, message]
+            held = []
+    return out + held
 
 
 # --------------------------------------------------------------------------- options
