@@ -146,7 +146,8 @@ def test_every_event_is_one_the_sdk_reads(
     )
     assert events[0].type == "message_start" and events[-1].type == "message_stop"
     snapshot: Any = None
+    json_bufs: dict[int, bytes] = {}
     for event in events:
-        snapshot = accumulate_event(event=event, current_snapshot=snapshot)
+        snapshot = accumulate_event(event=event, current_snapshot=snapshot, json_bufs=json_bufs)
     message = Message.model_validate(snapshot.to_dict())
     assert message.content[-1].text == ANSWER  # type: ignore[union-attr]

@@ -5,6 +5,7 @@ errors in Anthropic's shape and statuses, the token count, and the call's record
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +27,7 @@ TOOLS: list[Any] = [
     }
 ]
 VERSION = {"anthropic-version": "2023-06-01"}
+NEWEST = {"anthropic-version": "2026-10-21"}
 
 
 _OPEN: list[anthropic.Anthropic] = []
@@ -39,10 +41,20 @@ def _close_clients() -> Iterator[None]:
 
 
 def sdk(
-    gw: Gateway, *, task: str | None = None, base: str = "", **options: Any
+    gw: Gateway,
+    *,
+    task: str | None = None,
+    base: str = "",
+    version: str | None = None,
+    **options: Any,
 ) -> anthropic.Anthropic:
-    """The SDK as a caller of ``gw`` (closed after the test); ``base``: a path before /v1."""
-    headers = {"X-BoundedCode-Task": task} if task is not None else {}
+    """The SDK as a caller of ``gw`` (closed after the test); ``base``: a path before /v1;
+    ``version``: the API version it sends instead of its own (2026-10-21)."""
+    headers = dict(options.pop("default_headers", {}))
+    if task is not None:
+        headers["X-BoundedCode-Task"] = task
+    if version is not None:
+        headers["anthropic-version"] = version
     options.setdefault("api_key", "unused")
     client = anthropic.Anthropic(
         base_url=gw.url + base, max_retries=0, default_headers=headers, **options
@@ -90,7 +102,8 @@ def test_a_whole_answer(gateway: Gateway, upstreams: Upstreams) -> None:
 def test_a_request_shaped_as_claude_codes(gateway: Gateway, upstreams: Upstreams) -> None:
     upstreams.llama.queue(Reply(content="Done.", reasoning_content="Easy."))
     final, _ = streamed(
-        sdk(gateway, task="cc"),
+        # Claude Code speaks 2023-06-01 and sends the sampling parameters it had
+        sdk(gateway, task="cc", version="2023-06-01"),
         model="local",
         max_tokens=32000,
         system=[
@@ -110,8 +123,8 @@ def test_a_request_shaped_as_claude_codes(gateway: Gateway, upstreams: Upstreams
         tools=TOOLS,
         metadata={"user_id": '{"device_id":"d1","session_id":"s1"}'},
         thinking={"type": "adaptive"},
-        temperature=1,
         extra_body={
+            "temperature": 1,
             "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
             "output_config": {"effort": "medium"},
         },
@@ -273,11 +286,10 @@ def test_errors_have_anthropics_shape_and_status(gateway: Gateway, upstreams: Up
         client.messages.create(model="nope", max_tokens=10, messages=ASK)
     assert missing.value.body == {
         "type": "error",
-        "error": {
-            "type": "not_found_error",
-            "message": "The model 'nope' does not exist on this gateway",
-        },
+        "error": {"type": "not_found_error", "message": "model: nope"},
+        "request_id": missing.value.response.headers["request-id"],
     }
+    assert missing.value.request_id == missing.value.body["request_id"]
     upstreams.llama.queue(Reply(status=429))
     with pytest.raises(anthropic.RateLimitError) as limited:
         client.messages.create(model="local", max_tokens=10, messages=ASK)
@@ -300,8 +312,7 @@ def test_errors_have_anthropics_shape_and_status(gateway: Gateway, upstreams: Up
         )
     assert bad.value.body["error"] == {  # type: ignore[index]
         "type": "invalid_request_error",
-        "message": "frequency_penalty: the field 'frequency_penalty' is not supported by this "
-        "gateway (docs/fronts.md)",
+        "message": "frequency_penalty: Extra inputs are not permitted",
     }
     refused = [c for c in gateway.calls() if c["status"] != "ok"]
     assert {c["front"] for c in refused} == {"messages"} and len(refused) == 4
@@ -328,7 +339,27 @@ def test_requests_the_front_refuses(http: httpx.Client, gateway: Gateway) -> Non
         (
             {"anthropic-version": "2022-01-01"},
             body,
-            "anthropic-version: unknown version '2022-01-01'",
+            'anthropic-version: "2022-01-01" is not a valid version',
+        ),
+        (NEWEST, {**body, "temperature": 1.0}, "temperature: Extra inputs are not permitted"),
+        (
+            NEWEST,
+            {
+                **body,
+                "messages": [
+                    *ASK,
+                    {
+                        "role": "assistant",
+                        "content": [
+                            {
+                                "type": "document",
+                                "source": {"type": "text", "media_type": "text/plain", "data": "x"},
+                            }
+                        ],
+                    },
+                ],
+            },
+            "messages.1.content.0: Input tag 'document' found using 'type' does not match",
         ),
         (
             VERSION,
@@ -345,7 +376,8 @@ def test_requests_the_front_refuses(http: httpx.Client, gateway: Gateway) -> Non
         resp = http.post("/v1/messages", json=sent, headers=headers)
         assert resp.status_code == 400, resp.text
         got = resp.json()
-        assert set(got) == {"type", "error"} and got["type"] == "error"
+        assert set(got) == {"type", "error", "request_id"} and got["type"] == "error"
+        assert resp.headers["request-id"] == got["request_id"]
         assert got["error"]["type"] == "invalid_request_error"
         assert got["error"]["message"].startswith(message), got
     resp = http.get("/v1/messages", headers=VERSION)
@@ -440,7 +472,7 @@ def secured(upstreams: Upstreams, start_gateway: GatewayFactory) -> Gateway:
 
 def test_keys_as_anthropics_sdk_sends_them(secured: Gateway, upstreams: Upstreams) -> None:
     upstreams.llama.queue(Reply(content="ok"))
-    # the SDK's api_key goes in x-api-key, its auth_token in Authorization
+    # the SDK's 2.x majors send api_key and auth_token alike as Authorization: Bearer
     assert (
         sdk(secured, api_key=CALLER_KEY)
         .messages.create(model="local", max_tokens=50, messages=ASK)
@@ -452,9 +484,9 @@ def test_keys_as_anthropics_sdk_sends_them(secured: Gateway, upstreams: Upstream
     assert secured.calls()[-1]["caller"] == "cc"
     with pytest.raises(anthropic.AuthenticationError) as wrong:
         sdk(secured, api_key="sk-wrong").messages.create(model="local", max_tokens=50, messages=ASK)
-    assert wrong.value.body == {
-        "type": "error",
-        "error": {"type": "authentication_error", "message": "Invalid API key"},
+    assert wrong.value.body["error"] == {  # type: ignore[index]
+        "type": "authentication_error",
+        "message": "invalid x-api-key",
     }
     with pytest.raises(anthropic.PermissionDeniedError) as denied:
         sdk(secured, api_key=OTHER_KEY).messages.create(model="local", max_tokens=50, messages=ASK)
@@ -466,6 +498,17 @@ def test_keys_as_anthropics_sdk_sends_them(secured: Gateway, upstreams: Upstream
     assert large.value.status_code == 413
     assert large.value.body["error"]["type"] == "request_too_large"  # type: ignore[index]
     with httpx.Client(base_url=secured.url) as http:
+        body = {"model": "local", "max_tokens": 50, "messages": ASK}
+        # both given: x-api-key wins, as Anthropic's API has it
+        upstreams.llama.queue(Reply(content="ok"))
+        both = {**VERSION, "x-api-key": CALLER_KEY, "authorization": "Bearer sk-wrong"}
+        assert http.post("/v1/messages", json=body, headers=both).status_code == 200
+        both = {**VERSION, "x-api-key": "sk-wrong", "authorization": f"Bearer {CALLER_KEY}"}
+        assert http.post("/v1/messages", json=body, headers=both).status_code == 401
+        # x-api-key alone, as the SDKs before 2.x and Claude Code's ANTHROPIC_API_KEY send it
+        upstreams.llama.queue(Reply(content="ok"))
+        alone = {**VERSION, "x-api-key": CALLER_KEY}
+        assert http.post("/v1/messages", json=body, headers=alone).status_code == 200
         # a chat-completions caller still sends its key as Authorization only
         resp = http.post(
             "/v1/chat/completions",
@@ -473,3 +516,140 @@ def test_keys_as_anthropics_sdk_sends_them(secured: Gateway, upstreams: Upstream
             headers={"x-api-key": CALLER_KEY},
         )
     assert resp.status_code == 401 and resp.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_the_newest_sdks_default_client(gateway: Gateway, upstreams: Upstreams) -> None:
+    """``anthropic`` 2.x as ``pip install anthropic`` gives it: 2026-10-21, the key as
+    Bearer, and no sampling parameters."""
+    client = sdk(gateway)
+    assert client.default_headers["anthropic-version"] == "2026-10-21"
+    assert client.auth_headers == {"Authorization": "Bearer unused"}
+    upstreams.llama.queue(Reply(content="It describes the gateway."))
+    message = client.messages.create(model="local", max_tokens=50, messages=ASK)
+    assert message.content[-1].text == "It describes the gateway."  # type: ignore[union-attr]
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model="local", max_tokens=50, messages=ASK, extra_body={"top_k": 40})
+    assert refused.value.body["error"]["message"] == "top_k: Extra inputs are not permitted"  # type: ignore[index]
+    assert gateway.calls()[-1]["error_code"] == "unsupported_field"
+
+
+def test_the_sampling_parameters_of_2023_06_01_reach_the_model(
+    gateway: Gateway, upstreams: Upstreams
+) -> None:
+    upstreams.llama.queue(Reply(content="ok"))
+    client = sdk(gateway, version="2023-06-01")
+    client.messages.create(
+        model="local",
+        max_tokens=50,
+        messages=ASK,
+        extra_body={"temperature": 0.2, "top_p": 0.9, "top_k": 40},
+    )
+    sent = upstreams.llama.requests.last.body
+    assert (sent["temperature"], sent["top_p"], sent["top_k"]) == (0.2, 0.9, 40)
+
+
+def test_a_newer_version_is_served_by_the_newest_rules_and_noted(
+    http: httpx.Client, gateway: Gateway, upstreams: Upstreams
+) -> None:
+    upstreams.llama.queue(Reply(content="ok"))
+    body = {"model": "local", "max_tokens": 10, "messages": ASK}
+    resp = http.post("/v1/messages", json=body, headers={"anthropic-version": "2027-03-01"})
+    assert resp.status_code == 200, resp.text
+    assert gateway.calls()[-1]["adjustments"]["anthropic_version_served_as"] == (
+        "2027-03-01→2026-10-21"
+    )
+    resp = http.post(
+        "/v1/messages",
+        json={**body, "temperature": 1},
+        headers={"anthropic-version": "2027-03-01"},
+    )
+    assert resp.status_code == 400
+
+
+CLAUDE_CODE_TOOLS: list[Any] = [
+    {**TOOLS[0], "defer_loading": True, "eager_input_streaming": True},
+    {"type": "tool_search_tool_regex_20251119", "name": "tool_search_tool_regex"},
+    {"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+]
+
+
+def test_claude_codes_tool_search_and_server_tools(gateway: Gateway, upstreams: Upstreams) -> None:
+    """Deferred tools are loaded; the tool search tool and web search are left out with
+    a note, unless tool_choice names one."""
+    upstreams.llama.queue(Reply(content="ok"))
+    client = sdk(gateway)
+    client.messages.create(model="local", max_tokens=50, messages=ASK, tools=CLAUDE_CODE_TOOLS)
+    sent = upstreams.llama.requests.last.body
+    assert [t["function"]["name"] for t in sent["tools"]] == ["read_file"]
+    notes = gateway.calls()[-1]["adjustments"]
+    assert notes["server_tools_dropped"] == [
+        "tool_search_tool_regex (tool_search_tool_regex_20251119)",
+        "web_search (web_search_20250305)",
+    ]
+    assert notes["deferred_tools_loaded"] == 1
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(
+            model="local",
+            max_tokens=50,
+            messages=ASK,
+            tools=CLAUDE_CODE_TOOLS,
+            tool_choice={"type": "tool", "name": "web_search"},
+        )
+    assert refused.value.body["error"]["message"].startswith(  # type: ignore[index]
+        "tool_choice.name: forcing the server tool 'web_search'"
+    )
+
+
+MID_SYSTEM: list[Any] = [
+    {"role": "user", "content": "What is in README.md?"},
+    {"role": "assistant", "content": "It describes the gateway."},
+    {"role": "system", "content": "Answer in French from now on."},
+    {"role": "user", "content": "And docs/?"},
+]
+
+
+def test_a_system_message_mid_conversation_stays_in_place(
+    gateway: Gateway, upstreams: Upstreams, http: httpx.Client
+) -> None:
+    """A template that takes system messages anywhere gets it where it came, with or
+    without Claude Code's beta header."""
+    for betas in ({"anthropic-beta": "mid-conversation-system-2026-04-07"}, {}):
+        upstreams.llama.queue(Reply(content="Des documents."))
+        client = sdk(gateway, default_headers=betas)
+        client.messages.create(model="local", max_tokens=50, messages=MID_SYSTEM)
+        sent = upstreams.llama.requests.last.body
+        assert sent["messages"][2] == {"role": "system", "content": "Answer in French from now on."}
+    caps = http.get("/v1/models/local").json()["capabilities"]
+    assert caps["system_messages"] == "in_place"
+
+
+def test_where_the_template_takes_one_system_message_it_is_folded_and_the_cache_kept(
+    upstreams: Upstreams, start_gateway: GatewayFactory
+) -> None:
+    """Turn N+1's prompt starts with turn N's whole prompt: the fold changes nothing of
+    what came before, and the server's cache matches it all."""
+    upstreams.llama.system_anywhere = False
+    gw = start_gateway(upstreams.profiles)
+    client = sdk(gw, task="fold")
+    answers = ["It describes the gateway.", "Des documents.", "Voilà."]
+    upstreams.llama.queue(*(Reply(content=a) for a in answers))
+    turn: list[Any] = [MID_SYSTEM[0]]
+    client.messages.create(model="local", max_tokens=50, messages=turn)
+    # the system message comes with the second turn, the third follows it
+    for ask in (MID_SYSTEM[2:], [{"role": "user", "content": "Merci."}]):
+        answered = {"role": "assistant", "content": answers[(len(turn) - 1) // 2]}
+        turn = [*turn, answered, *ask]
+        client.messages.create(model="local", max_tokens=50, messages=turn)
+    prompts = upstreams.llama.prompts[-3:]
+    for earlier, later in itertools.pairwise(prompts):
+        assert later.startswith(earlier.removesuffix("<|im_start|>assistant\n"))
+    assert "<system-message>\nAnswer in French from now on.\n</system-message>" in prompts[1]
+    calls = gw.calls()[-3:]
+    assert [c["adjustments"].get("system_messages_folded") for c in calls] == [None, 1, 1]
+    assert [c["miss_cause"] for c in calls[1:]] == ["none", "none"]
+    assert all(c["cached_tokens"] > 0 for c in calls[1:])
+    # counted as a call renders it: folded too
+    assert client.messages.count_tokens(model="local", messages=turn).input_tokens > 0
+    with httpx.Client(base_url=gw.url) as http:
+        caps = http.get("/v1/models/local").json()["capabilities"]
+    assert caps["system_messages"] == "folded"

@@ -208,6 +208,7 @@ class FakeLlamaServer:
         split_rate: float = 0.0,
         split_seed: int = 0,
         slots_debug: bool = True,
+        system_anywhere: bool = True,
     ) -> None:
         self.n_ctx = n_ctx
         self.total_slots = total_slots
@@ -224,6 +225,9 @@ class FakeLlamaServer:
         self.progress_batch = progress_batch
         self.tokens_per_chunk = tokens_per_chunk
         self.slot_prompt_similarity = slot_prompt_similarity
+        # False: a template that takes one system message, at the start (most llama.cpp
+        # templates raise on any other)
+        self.system_anywhere = system_anywhere
         # The real model now and then samples a word as two tokens where the tokenizer
         # would make one; the next prompt, tokenised canonically, stops matching there.
         # Each generated word of 4+ characters is split with `split_rate` (seeded), and
@@ -531,6 +535,8 @@ class FakeLlamaServer:
     ) -> str:
         prefill = continue_mode != ""
         history = messages[:-1] if prefill else messages
+        if not self.system_anywhere and any(_role(m) == "system" for m in messages[1:]):
+            raise LlamaError(500, "System message must be at the beginning.")
         # Like Qwen templates: without preserve, only turns after the last user message
         # keep their reasoning block.
         last_user = max((i for i, m in enumerate(history) if m.get("role") == "user"), default=-1)

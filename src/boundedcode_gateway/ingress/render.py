@@ -50,10 +50,11 @@ async def send_error(
     send: Send, exc: GatewayError, close: bool = False, front: Front | None = None
 ) -> None:
     """The error in the shape of the caller's front (OpenAI's, by default) with its status."""
+    # the front's rendering first: it may add headers of its own (Anthropic's request-id)
+    status, body = front.error(exc) if front is not None else (exc.http_status, exc.to_json())
     extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers.items()]
     if close:
         extra.append((b"connection", b"close"))
-    status, body = front.error(exc) if front is not None else (exc.http_status, exc.to_json())
     await send_json(send, status, body, extra)
 
 

@@ -76,6 +76,8 @@ OPERATIONS_PATHS = frozenset({"/metrics", "/ready"})
 HEALTH_PATHS = frozenset({"/health", "/v1/health"})
 # Anthropic's SDKs send the key here: taken by the other fronts when Authorization is absent
 API_KEY_HEADER = b"x-api-key"
+# the front where x-api-key wins over Authorization (Anthropic's rule)
+KEY_FIRST_FRONT = "messages"
 TASK_HEADER = b"x-boundedcode-task"
 PURPOSE_HEADER = b"x-boundedcode-purpose"
 
@@ -119,13 +121,19 @@ def front_of(fronts: Mapping[str, Front], path: str) -> tuple[Front | None, str 
     return None, None
 
 
-def _api_key(scope: dict[str, Any], front: Front | None) -> str | None:
-    """A call of a front other than chat's without Authorization: its ``x-api-key`` (where
-    Anthropic's SDKs send the key) as a Bearer credential."""
+def _credential(
+    scope: dict[str, Any], front: Front | None, authorization: str | None
+) -> str | None:
+    """The caller's key as a Bearer credential. A call of a front other than chat's may
+    give it as ``x-api-key`` (where Anthropic's SDKs sent it before their 2026-10-21
+    majors, which send ``Authorization: Bearer``): taken when Authorization is absent,
+    and on the Messages front, as Anthropic does, in its place when both come."""
     if front is None or front is CHAT:
-        return None
+        return authorization
     key = _header(scope, API_KEY_HEADER)
-    return "Bearer " + key if key is not None else None
+    if key is None or (authorization is not None and front.name != KEY_FIRST_FRONT):
+        return authorization
+    return "Bearer " + key
 
 
 def _headers_of(scope: dict[str, Any]) -> dict[str, str]:
@@ -195,9 +203,7 @@ class Router:
             if authenticator is not None:
                 # a browser opens the page: it may give the key as HTTP Basic's password
                 login = authenticator.viewer if ui is not None else authenticator.caller
-                caller = login(
-                    authorization if authorization is not None else _api_key(scope, front)
-                )
+                caller = login(_credential(scope, front, authorization))
             if ui is not None:
                 ui.check_access(live.config.ui, caller)
                 await ui(scope, receive, send)

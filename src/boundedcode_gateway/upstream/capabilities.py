@@ -6,6 +6,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 CapabilitySource = Literal["props", "assumed", "documentation"]
+# where a system message after the start of the conversation reaches the model: as a
+# system message in place; folded into a user turn (a template that takes one only at
+# the start: policy/mid_system.py); joined into the leading system instruction (an API
+# with one system field)
+SystemMessages = Literal["in_place", "folded", "joined"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +30,7 @@ class Capabilities:
 
     # a stream that breaks in a text answer is continued where it broke, not sent again
     continue_after_break: bool = False
+    system_messages: SystemMessages = "in_place"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -38,4 +44,5 @@ class Capabilities:
             "context_tokens": self.context_tokens,
             "reasoning_back_refusal": self.reasoning_back_refusal,
             "continue_after_break": self.continue_after_break,
+            "system_messages": self.system_messages,
         }

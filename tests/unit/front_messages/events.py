@@ -33,9 +33,11 @@ def assemble(raw: bytes) -> Message:
     """The message the SDK's stream helper builds from the events (``error`` excluded:
     the SDK raises on it)."""
     snapshot = None
+    # the tool calls' partial JSON by block, as the helper keeps it
+    json_bufs: dict[int, bytes] = {}
     for name, data in parse_sse(raw):
         assert name != "error", data
         event = _EVENT.validate_python(data)
-        snapshot = accumulate_event(event=event, current_snapshot=snapshot)
+        snapshot = accumulate_event(event=event, current_snapshot=snapshot, json_bufs=json_bufs)
     assert snapshot is not None
     return Message.model_validate(snapshot.to_dict())

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import pytest
 from anthropic.types.shared.error_response import ErrorResponse
@@ -24,6 +26,7 @@ from boundedcode_gateway.errors import (
     UpstreamUnavailable,
 )
 from boundedcode_gateway.fronts.messages.errors import (
+    anthropic_message,
     from_gateway_error,
     from_stream_error,
     prompt_too_long,
@@ -52,7 +55,12 @@ from boundedcode_gateway.fronts.messages.errors import (
 def test_statuses_and_types(exc: GatewayError, status: int, kind: str) -> None:
     got_status, body = from_gateway_error(exc)
     assert got_status == status
-    assert orjson.loads(body) == {"type": "error", "error": {"type": kind, "message": exc.message}}
+    parsed = orjson.loads(body)
+    request_id = parsed.pop("request_id")
+    assert parsed == {"type": "error", "error": {"type": kind, "message": anthropic_message(exc)}}
+    # Anthropic's request id, in the body and as the response's request-id header
+    assert re.fullmatch(r"req_[0-9A-Za-z]{24}", request_id)
+    assert exc.headers["request-id"] == request_id
     if kind != "request_too_large":  # Anthropic's errors page lists it; the SDK's type not yet
         ErrorResponse.model_validate(orjson.loads(body))
 
@@ -114,3 +122,25 @@ def test_an_overflow_is_worded_as_anthropic_words_it(message: str, worded: str) 
 def test_an_error_in_a_stream_has_no_status_but_its_kind(error: object, kind: str) -> None:
     parsed = ErrorResponse.model_validate(orjson.loads(from_stream_error(error)))
     assert parsed.error.type == kind
+
+
+@pytest.mark.parametrize(
+    ("exc", "worded"),
+    [
+        # what Anthropic answers for each case
+        (
+            ModelNotFound("The model 'claude-x' does not exist on this gateway"),
+            "model: claude-x",
+        ),
+        (Unauthenticated("No API key given: send it as ..."), "x-api-key header is required"),
+        (Unauthenticated("Invalid API key"), "invalid x-api-key"),
+        (
+            BodyTooLarge("Request body exceeds"),
+            "Request exceeds the maximum allowed number of bytes.",
+        ),
+        (InvalidRequest("max_tokens: Field required"), "max_tokens: Field required"),
+    ],
+)
+def test_the_cases_anthropic_has_words_for_are_in_its_words(exc: GatewayError, worded: str) -> None:
+    assert anthropic_message(exc) == worded
+    assert orjson.loads(from_gateway_error(exc)[1])["error"]["message"] == worded

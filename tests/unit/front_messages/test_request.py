@@ -348,19 +348,33 @@ def test_max_tokens_is_required_except_to_count() -> None:
                     ]
                 }
             ),
-            "context_management.edits.0",
+            "context_management.edits.0.keep",
         ),
-        (base(context_management={"edits": "all"}), "context_management"),
+        (base(context_management={"edits": "all"}), "context_management.edits"),
         (base(frequency_penalty=1), "frequency_penalty"),
-        (base(tools=[{"type": "web_search_20250305", "name": "web_search"}]), "tools.0.type"),
-        (
-            base(tools=[{"name": "t", "input_schema": {}, "defer_loading": True}]),
-            "tools.0.defer_loading",
-        ),
+        (base(tools=[{"type": "memory_20250818", "name": "memory"}]), "tools.0.type"),
+        (base(tools=[{"name": "t", "input_schema": {}, "cache": True}]), "tools.0.custom.cache"),
         (
             base(messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}]),
-            "messages.0.content.0.type",
+            "messages.0.content.0.source",
         ),
+        (
+            base(
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "document",
+                                "source": {"type": "base64", "media_type": "x", "data": "x"},
+                            }
+                        ],
+                    }
+                ]
+            ),
+            "messages.0.content.0.source.type",
+        ),
+        (base(thread={"type": "create"}), "thread"),
         (
             base(
                 messages=[
@@ -372,12 +386,12 @@ def test_max_tokens_is_required_except_to_count() -> None:
             ),
             "messages.0.content.0.type",
         ),
-        (base(messages=[{"role": "system", "content": "x"}]), "messages.0.role"),
-        (base(messages=[{"role": "user", "content": []}]), "messages.0.content"),
+        (base(messages=[{"role": "tool", "content": "x"}]), "messages.0.role"),
+        (base(messages=[{"role": "user", "content": []}]), "messages.0"),
         (base(messages=[]), "messages"),
         (base(model=""), "model"),
-        (base(thinking={"type": "enabled"}), "thinking.budget_tokens"),
-        (base(output_config={"format": {"type": "text"}}), "output_config.format.type"),
+        (base(thinking={"type": "enabled"}), "thinking.enabled.budget_tokens"),
+        (base(output_config={"format": {"type": "text"}}), "output_config.format"),
         (
             base(
                 messages=[
@@ -401,14 +415,249 @@ def test_what_the_chat_form_cannot_carry_is_refused_by_name(
 
 
 def test_the_version_header_is_required_and_known() -> None:
-    check_headers(HEADERS)
-    with pytest.raises(InvalidRequest, match="anthropic-version: header is required"):
+    assert check_headers(HEADERS).version == "2023-06-01"
+    assert check_headers({"anthropic-version": "2026-10-21"}).version == "2026-10-21"
+    with pytest.raises(InvalidRequest, match=r"^anthropic-version: header is required$"):
         check_headers({})
-    with pytest.raises(InvalidRequest, match="unknown version '2099-01-01'"):
-        check_headers({"anthropic-version": "2099-01-01"})
+    for bad in ("2023-01-01", "2026-1-1", "latest"):
+        with pytest.raises(InvalidRequest) as caught:
+            check_headers({"anthropic-version": bad})
+        assert caught.value.message == f'anthropic-version: "{bad}" is not a valid version'
+
+
+def test_a_newer_dated_version_is_served_by_the_newest_rules_and_noted() -> None:
+    rules = check_headers({"anthropic-version": "2099-01-01"})
+    assert rules.version == "2026-10-21"
+    notes: dict[str, Any] = {}
+    chat(base(), rules=rules, adjustments=notes)
+    assert notes == {"anthropic_version_served_as": "2099-01-01→2026-10-21"}
+    with pytest.raises(InvalidRequest, match=r"^temperature: Extra inputs are not permitted$"):
+        to_chat_body(base(temperature=1), SEALER.verify, rules=rules)
 
 
 def test_the_discard_event_cannot_be_asked_for() -> None:
     check_headers({**HEADERS, "x-boundedcode-stream-discard": "0"})
     with pytest.raises(InvalidRequest, match="X-BoundedCode-Stream-Discard"):
         check_headers({**HEADERS, "x-boundedcode-stream-discard": "1"})
+
+
+NEWEST = check_headers({"anthropic-version": "2026-10-21"})
+
+
+def newest(request: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    return chat(request, rules=NEWEST, **kw)
+
+
+def refused_newest(request: dict[str, Any]) -> InvalidRequest:
+    return refused(request, rules=NEWEST)
+
+
+@pytest.mark.parametrize("name", ["temperature", "top_p", "top_k"])
+def test_2026_10_21_has_no_sampling_parameters_even_at_their_defaults(name: str) -> None:
+    value = 1 if name != "top_k" else 0
+    assert refused_newest(base(**{name: value})).message == (
+        f"{name}: Extra inputs are not permitted"
+    )
+    assert chat(base(**{name: value}), sdk_type=False)[name] == value  # 2023-06-01 maps it
+
+
+DOCUMENT = {
+    "type": "document",
+    "source": {"type": "text", "media_type": "text/plain", "data": "The text."},
+    "title": "notes.txt",
+}
+CITED = {
+    "type": "text",
+    "text": "as cited",
+    "citations": [
+        {
+            "type": "char_location",
+            "cited_text": "The text.",
+            "document_index": 0,
+            "start_char_index": 0,
+            "end_char_index": 9,
+        }
+    ],
+}
+
+
+def test_2026_10_21_refuses_documents_from_the_assistant_and_citations_from_the_user() -> None:
+    in_assistant = base(
+        messages=[
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [DOCUMENT]},
+        ]
+    )
+    exc = refused_newest(in_assistant)
+    assert exc.message.startswith(
+        "messages.1.content.0: Input tag 'document' found using 'type' does not match any of"
+        " the expected tags: 'text', 'image', 'search_result'"
+    )
+    assert chat(in_assistant, sdk_type=False)["messages"][1] == {
+        "role": "assistant",
+        "content": "notes.txt\nThe text.",
+    }
+    cited = base(messages=[{"role": "user", "content": [CITED]}])
+    assert refused_newest(cited).param == "messages.0.content.0.citations"
+    assert chat(cited)["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "as cited"}]}
+    ]
+    in_search = {
+        "type": "search_result",
+        "source": "https://example.com",
+        "title": "Example",
+        "content": [CITED],
+    }
+    exc = refused_newest(base(messages=[{"role": "user", "content": [in_search]}]))
+    assert exc.param == "messages.0.content.0.content.0.citations"
+    # empty citations cite nothing, in any version
+    plain = base(messages=[{"role": "user", "content": [{**CITED, "citations": []}]}])
+    assert newest(plain) == chat(plain)
+
+
+def test_documents_and_search_results_are_the_text_they_hold() -> None:
+    search = {
+        "type": "search_result",
+        "source": "https://example.com/a",
+        "title": "A",
+        "content": [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}],
+    }
+    out = newest(base(messages=[{"role": "user", "content": [DOCUMENT, search]}]))
+    assert out["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "notes.txt\nThe text."},
+                {"type": "text", "text": "A\nhttps://example.com/a\nfirst\nsecond"},
+            ],
+        }
+    ]
+
+
+def test_system_messages_in_messages_stay_where_they_come() -> None:
+    request = base(
+        system="Be brief.",
+        messages=[
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "system", "content": [{"type": "text", "text": "Now in French."}]},
+            {"role": "user", "content": "more"},
+        ],
+    )
+    assert newest(request)["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "system", "content": "Now in French."},
+        {"role": "user", "content": "more"},
+    ]
+
+
+def test_claude_codes_tools_and_anthropics_own() -> None:
+    notes: dict[str, Any] = {}
+    out = newest(
+        base(
+            tools=[
+                {
+                    "name": "read",
+                    "description": "Read a file.",
+                    "input_schema": {"type": "object"},
+                    "defer_loading": True,
+                    "input_examples": [{"path": "a.txt"}],
+                    "eager_input_streaming": True,
+                },
+                {"type": "bash_20250124", "name": "bash"},
+                {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+                {"type": "tool_search_tool_bm25_20251119", "name": "tool_search_tool_bm25"},
+                {"type": "code_execution_20250825", "name": "code_execution"},
+                {
+                    "name": "only_from_code",
+                    "input_schema": {"type": "object"},
+                    "allowed_callers": ["code_execution_20250825"],
+                },
+            ]
+        ),
+        adjustments=notes,
+    )
+    functions = [t["function"] for t in out["tools"]]
+    assert [f["name"] for f in functions] == ["read", "bash", "str_replace_based_edit_tool"]
+    assert functions[0]["description"] == 'Read a file.\n\nExamples of input:\n{"path":"a.txt"}'
+    assert functions[1]["parameters"]["properties"]["command"] == {
+        "type": "string",
+        "description": "The bash command to run.",
+    }
+    assert notes == {
+        "server_tools_dropped": [
+            "tool_search_tool_bm25 (tool_search_tool_bm25_20251119)",
+            "code_execution (code_execution_20250825)",
+        ],
+        "code_execution_only_tools_dropped": ["only_from_code"],
+        "deferred_tools_loaded": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (base(temperature="hot"), "temperature: Input should be a valid number"),
+        (base(max_tokens="many"), "max_tokens: Input should be a valid integer"),
+        (base(stream="yes"), "stream: Input should be a valid boolean"),
+        (base(messages="hi"), "messages: Input should be a valid list"),
+        (base(messages=[]), "messages: at least one message is required"),
+        (
+            base(messages=[{"role": "user", "content": [{"type": "foo"}]}]),
+            "messages.0.content.0: Input tag 'foo' found using 'type' does not match any of the"
+            " expected tags: 'text', 'image', 'document'",
+        ),
+        (
+            base(messages=[{"role": "tool", "content": "x"}]),
+            "messages.0.role: Input should be 'user', 'assistant' or 'system'",
+        ),
+        (
+            base(tools=[{"name": "t", "input_schema": {}, "cache": 1}]),
+            "tools.0.custom.cache: Extra inputs are not permitted",
+        ),
+        (base(mcp_servers=[{"type": "url", "url": "u", "name": "n"}]), "mcp_servers: the MCP"),
+        (base(tool_choice={"type": "some"}), "tool_choice: Input tag 'some' found using 'type'"),
+    ],
+)
+def test_refusals_are_worded_as_anthropic_words_them(
+    request_: dict[str, Any], message: str
+) -> None:
+    assert refused(request_).message.startswith(message)
+
+
+def test_fields_that_change_nothing_are_taken() -> None:
+    quiet = base(
+        service_tier="auto",
+        inference_geo="us",
+        container="container_1",
+        speed="fast",
+        diagnostics={"previous_message_id": "msg_1"},
+        mcp_servers=[],
+        thinking={"type": "adaptive", "display": "omitted"},
+        output_config={"task_budget": {"type": "tokens", "total": 1000}},
+    )
+    assert newest(quiet, sdk_type=False) == newest(base())
+
+
+def test_a_system_message_between_a_tool_call_and_its_result_follows_the_result() -> None:
+    request = base(
+        messages=[
+            {"role": "user", "content": "read it"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "c1", "name": "read", "input": {}}],
+            },
+            {"role": "system", "content": "Mind the budget."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "c1", "content": "text"},
+                    {"type": "text", "text": "go on"},
+                ],
+            },
+        ]
+    )
+    roles = [m["role"] for m in chat(request)["messages"]]
+    assert roles == ["user", "assistant", "tool", "system", "user"]

@@ -9,6 +9,7 @@ too long: N tokens > M maximum"), which Claude Code reads to compact its history
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Any
 
@@ -17,6 +18,8 @@ import orjson
 from boundedcode_gateway.errors import GatewayError
 
 OVERFLOW_CODE = "context_length_exceeded"
+# the response header Anthropic names each request by (also the error body's request_id)
+REQUEST_ID_HEADER = "request-id"
 # Anthropic's kinds of error by the status it answers them with (docs: API errors)
 TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -93,11 +96,52 @@ def error_body(kind: str, message: str) -> bytes:
     return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
 
 
+def new_request_id() -> str:
+    """An id in the form of Anthropic's ``request_id`` (``req_`` and 24 base-62 digits:
+    unique, not secret)."""
+    return "req_" + "".join(random.choices(_BASE62, k=24))
+
+
+_BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+# the gateway's wording of a model it does not serve, and of a missing or unknown key
+_NO_MODEL = re.compile(r"^The model '(.*)' does not exist on this gateway$", re.S)
+_ANTHROPIC_WORDS = {
+    # Anthropic's 401s, which its clients show as they come
+    "No API key given": "x-api-key header is required",
+    "Invalid API key": "invalid x-api-key",
+    # Anthropic's 413 (its edge's wording)
+    "request_too_large": "Request exceeds the maximum allowed number of bytes.",
+}
+
+
+def anthropic_message(exc: GatewayError) -> str:
+    """An error's message in Anthropic's words where Anthropic has words for that case
+    (an unknown model, a missing or invalid key, a body too large, an overflow);
+    the gateway's otherwise."""
+    if exc.code == OVERFLOW_CODE:
+        return prompt_too_long(exc.message)
+    if exc.code == "model_not_found":
+        found = _NO_MODEL.match(exc.message)
+        return f"model: {found[1]}" if found else exc.message
+    if exc.code == "request_too_large":
+        return _ANTHROPIC_WORDS["request_too_large"]
+    if exc.http_status == 401:
+        for start, words in _ANTHROPIC_WORDS.items():
+            if exc.message.startswith(start):
+                return words
+    return exc.message
+
+
 def from_gateway_error(exc: GatewayError) -> tuple[int, bytes]:
-    """The status and body of a gateway error, as Anthropic answers it."""
+    """The status and body of a gateway error, as Anthropic answers it: with a
+    ``request_id`` in the body and, as ``request-id``, among the error's headers."""
     status, kind = anthropic_status(exc.http_status)
-    message = prompt_too_long(exc.message) if exc.code == OVERFLOW_CODE else exc.message
-    return status, error_body(kind, message)
+    message = anthropic_message(exc)
+    request_id = exc.headers.setdefault(REQUEST_ID_HEADER, new_request_id())
+    body = {"type": "error", "error": {"type": kind, "message": message}, "request_id": request_id}
+    return status, orjson.dumps(body)
 
 
 def from_stream_error(error: Any) -> bytes:

@@ -20,13 +20,15 @@ from boundedcode_gateway.fronts.sealing import Sealer
 
 
 class MessagesCall:
-    """One request of the Messages API: its chat body, answered in Anthropic's shapes."""
+    """One request of the Messages API: its chat body, answered in Anthropic's shapes;
+    what the front left out or changed, for the record (``adjustments``)."""
 
-    __slots__ = ("_sealer", "body")
+    __slots__ = ("_sealer", "adjustments", "body")
 
-    def __init__(self, body: dict[str, Any], sealer: Sealer) -> None:
+    def __init__(self, body: dict[str, Any], sealer: Sealer, adjustments: dict[str, Any]) -> None:
         self.body = body
         self._sealer = sealer
+        self.adjustments = adjustments
 
     def answer(self, status: int, body: bytes) -> bytes:
         return answer_body(body, self.body["model"], self._sealer.sign)
@@ -46,9 +48,16 @@ class MessagesFront:
         self._sealer = sealer
 
     def open(self, parsed: Any, headers: Mapping[str, str]) -> MessagesCall:
-        check_headers(headers)
-        body = to_chat_body(parsed, self._sealer.verify, counting=self._counting)
-        return MessagesCall(body, self._sealer)
+        rules = check_headers(headers)
+        adjustments: dict[str, Any] = {}
+        body = to_chat_body(
+            parsed,
+            self._sealer.verify,
+            counting=self._counting,
+            rules=rules,
+            adjustments=adjustments,
+        )
+        return MessagesCall(body, self._sealer, adjustments)
 
     def error(self, exc: GatewayError) -> tuple[int, bytes]:
         return from_gateway_error(exc)

@@ -61,6 +61,8 @@ ANTHROPIC_CAPABILITIES = Capabilities(
     structured_output=True,
     prompt_progress=False,
     source="documentation",
+    # every system message joins the one system instruction the API has
+    system_messages="joined",
 )
 
 

@@ -39,6 +39,8 @@ GEMINI_CAPABILITIES = Capabilities(
     structured_output=True,
     prompt_progress=False,
     source="documentation",
+    # every system message joins the one system instruction the API has
+    system_messages="joined",
 )
 
 

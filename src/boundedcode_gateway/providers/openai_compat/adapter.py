@@ -27,6 +27,8 @@ from boundedcode_gateway.llama_server.locate import (
     resolve_server_files,
 )
 from boundedcode_gateway.llama_server.pool import PoolMember, ServerLease, ServerPool
+from boundedcode_gateway.policy.mid_system import ADJUSTMENT as FOLDED_ADJUSTMENT
+from boundedcode_gateway.policy.mid_system import fold_system_messages
 from boundedcode_gateway.policy.reasoning import REASONING_KIND, StoredReasoning
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.policy.volatile_lines import ADJUSTMENT as VOLATILE_ADJUSTMENT
@@ -58,10 +60,12 @@ from boundedcode_gateway.providers.openai_compat.stream import OpenAIStreamTrans
 from boundedcode_gateway.providers.openai_compat.template_checks import (
     NEWLINE_BUDGET_MESSAGE,
     PROBE_MESSAGES,
+    PROBE_MID_SYSTEM_MESSAGES,
     reasoning_back_refusal,
+    renders_mid_system,
     renders_newline_before_end,
 )
-from boundedcode_gateway.upstream.capabilities import Capabilities
+from boundedcode_gateway.upstream.capabilities import Capabilities, SystemMessages
 from boundedcode_gateway.upstream.http import HttpClient, read_body
 from boundedcode_gateway.upstream.metrics import CallMetrics
 from boundedcode_gateway.upstream.probe import ServerProbe
@@ -79,9 +83,12 @@ def capabilities_from_props(
     takes_reasoning: bool,
     continues: bool = True,
     refusal: str | None = None,
+    system_messages: SystemMessages = "folded",
 ) -> Capabilities:
     """llama.cpp's capabilities, derived from its ``/props`` answer (``continues``: its
-    command line, where the gateway knows it, lets it go on with a partial answer)."""
+    command line, where the gateway knows it, lets it go on with a partial answer;
+    ``system_messages``: what the template probe showed of a system message after the
+    start)."""
     caps = props.get("chat_template_caps") or {}
     modalities = props.get("modalities") or {}
     settings = props.get("default_generation_settings") or {}
@@ -97,6 +104,7 @@ def capabilities_from_props(
         context_tokens=n_ctx if isinstance(n_ctx, int) else None,
         reasoning_back_refusal=refusal,
         continue_after_break=continues,
+        system_messages=system_messages,
     )
 
 
@@ -149,6 +157,9 @@ class OpenAICompatUpstream:
             structured_output=True,
             prompt_progress=d.prompt_progress,
             source=d.capability_source,
+            # a cloud API takes system messages anywhere; a local server that is not
+            # llama.cpp has a template the gateway cannot probe: folded, which any takes
+            system_messages="folded" if self.provider == "local" else "in_place",
         )
 
     async def capabilities(self) -> Capabilities:
@@ -212,11 +223,20 @@ class OpenAICompatUpstream:
         else:
             refusal = None
         await self._probe_template()
-        return capabilities_from_props(props, takes, self._flags_continue(), refusal)
+        in_place = renders_mid_system(await self._render(PROBE_MID_SYSTEM_MESSAGES))
+        return capabilities_from_props(
+            props, takes, self._flags_continue(), refusal, "in_place" if in_place else "folded"
+        )
 
     async def _probe_template(self) -> None:
         """Render one probe conversation to see how the template closes reasoning."""
-        body = orjson.dumps({"messages": PROBE_MESSAGES})
+        rendered = await self._render(PROBE_MESSAGES)
+        if rendered is not None and renders_newline_before_end(rendered):
+            self._budget_message = NEWLINE_BUDGET_MESSAGE
+
+    async def _render(self, messages: list[dict[str, Any]]) -> str | None:
+        """The prompt the template renders ``messages`` to; None where it refuses them."""
+        body = orjson.dumps({"messages": messages})
         try:
             url = self._server_root() + "/apply-template"
             headers = {"Content-Type": "application/json", **self._headers_for(url)}
@@ -224,10 +244,9 @@ class OpenAICompatUpstream:
             raw = await read_body(resp)
         except GatewayError as exc:
             log.info("model %s: cannot render the template probe: %s", self.name, exc.message)
-            return
+            return None
         rendered = (_json_object(raw) or {}).get("prompt") if resp.status == 200 else None
-        if isinstance(rendered, str) and renders_newline_before_end(rendered):
-            self._budget_message = NEWLINE_BUDGET_MESSAGE
+        return rendered if isinstance(rendered, str) else None
 
     def _flags_continue(self) -> bool:
         """A server the gateway runs can continue unless its extra flags say otherwise; one
@@ -296,6 +315,12 @@ class OpenAICompatUpstream:
             if removed:
                 out["messages"] = messages
                 adjustments[VOLATILE_ADJUSTMENT] = removed
+        if call.caps.system_messages == "folded":
+            # after the volatile lines are out: a folded block is a user turn's text
+            messages, folded = fold_system_messages(out["messages"])
+            out["messages"] = messages
+            if folded:
+                adjustments[FOLDED_ADJUSTMENT] = folded
         if self._budget_message is not None and _needs_budget_message(out):
             out["reasoning_budget_message"] = self._budget_message
             adjustments["reasoning_budget_message"] = self._budget_message
@@ -369,6 +394,8 @@ class OpenAICompatUpstream:
             profile=self.name,
         )
         out["messages"] = strip_system_messages(out["messages"])[0]
+        if caps.system_messages == "folded":
+            out["messages"] = fold_system_messages(out["messages"])[0]
         root = self._server_root()
         prompt = (await self._post_json(root + "/apply-template", out)).get("prompt")
         if not isinstance(prompt, str):

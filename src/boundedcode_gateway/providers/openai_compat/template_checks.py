@@ -14,6 +14,15 @@ PROBE_MESSAGES: list[dict[str, Any]] = [
     {"role": "assistant", "content": "probe-answer", "reasoning_content": PROBE_REASONING},
     {"role": "user", "content": "probe-next"},
 ]
+# a system message after the conversation began: a template that takes it renders its text
+PROBE_MID_SYSTEM = "probe-mid-system"
+PROBE_MID_SYSTEM_MESSAGES: list[dict[str, Any]] = [
+    {"role": "system", "content": "probe-system"},
+    {"role": "user", "content": "probe-question"},
+    {"role": "assistant", "content": "probe-answer"},
+    {"role": "system", "content": PROBE_MID_SYSTEM},
+    {"role": "user", "content": "probe-next"},
+]
 # what the reasoning budget writes before the end tag it forces, to match such a template
 NEWLINE_BUDGET_MESSAGE = "\n"
 
@@ -42,3 +51,11 @@ def renders_newline_before_end(rendered: str) -> bool:
     ``</think>``: a budget that forces ``</think>`` right after a word then generates what
     the template will not render, and the cache stops matching there."""
     return PROBE_REASONING + "\n</think>" in rendered
+
+
+def renders_mid_system(rendered: str | None) -> bool:
+    """Whether the template rendered the probe's system message after the start (None:
+    it refused to render it, as most llama.cpp templates do), after the earlier turns."""
+    if rendered is None or PROBE_MID_SYSTEM not in rendered:
+        return False
+    return rendered.index(PROBE_MID_SYSTEM) > rendered.find("probe-answer")
