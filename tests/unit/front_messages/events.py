@@ -4,6 +4,7 @@ helper assembles them."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import orjson
@@ -12,6 +13,8 @@ from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
 _EVENT = TypeAdapter(RawMessageStreamEvent)
+# the SDK's 2.x releases keep each tool block's JSON text in a buffer the caller passes
+_BUFFERED = "json_bufs" in inspect.signature(accumulate_event).parameters
 
 
 def parse_sse(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
@@ -33,9 +36,10 @@ def assemble(raw: bytes) -> Message:
     """The message the SDK's stream helper builds from the events (``error`` excluded:
     the SDK raises on it)."""
     snapshot = None
+    buffers: dict[str, Any] = {"json_bufs": {}} if _BUFFERED else {}
     for name, data in parse_sse(raw):
         assert name != "error", data
         event = _EVENT.validate_python(data)
-        snapshot = accumulate_event(event=event, current_snapshot=snapshot)
+        snapshot = accumulate_event(event=event, current_snapshot=snapshot, **buffers)
     assert snapshot is not None
     return Message.model_validate(snapshot.to_dict())
