@@ -336,3 +336,22 @@ def test_a_break_at_each_point(
         assert got.block_ended is point.block_ended
     assert call["status"] == "error" and call["error_code"] == "upstream_stream_broken"
     assert call["retried"] is False and len(call["attempt_log"]) == 1
+
+
+@pytest.mark.parametrize("front", FRONTS, ids=[f.name for f in FRONTS])
+def test_a_continuation_that_breaks_too_ends_in_the_failure_the_caller_retries(
+    gateway: Gateway, fakes: Fakes, front: Front
+) -> None:
+    """Nothing can go on after a second break: the caller gets its front's failure."""
+    local = KINDS[0]
+    in_text = next(p for p in POINTS if p.name == "in_text")
+    first = _reply("full", break_after_chunks=local.lead + in_text.chunks)
+    # the continuation breaks too: its role chunk is dropped, two more tokens shown
+    again = _reply("full", break_after_chunks=local.lead + 1 + 2)
+    got = ask(gateway, fakes, front, local, first, again, _reply("full"))
+    assert isinstance(got, Failure)
+    assert (got.kind, got.code) == front.failure
+    call = gateway.calls()[-1]
+    assert call["status"] == "error" and call["error_code"] == "upstream_stream_broken"
+    assert call["adjustments"]["continued_after_break"] is False
+    assert [a["status"] for a in call["attempt_log"]] == [502, 502]
