@@ -194,13 +194,10 @@ def test_a_broken_stream_is_an_api_error_with_no_block_ended_before_it() -> None
 
 
 def test_the_last_block_stops_with_the_message_delta() -> None:
-    out = run(chunk({"content": "Hi."}), chunk({}, "stop"), chunk(usage=USAGE), DONE)
-    assert names(out)[-4:] == [
-        "content_block_delta",
-        "content_block_stop",
-        "message_delta",
-        "message_stop",
-    ]
+    stream = MessagesStream("local", SEALER.sign)
+    before = stream.feed(chunk({"content": "Hi."}) + chunk({}, "stop") + chunk(usage=USAGE))
+    assert "content_block_stop" not in names(before)  # the finish alone ends nothing
+    assert names(stream.feed(DONE)) == ["content_block_stop", "message_delta", "message_stop"]
 
 
 def test_an_overload_from_an_anthropic_upstream_stays_one() -> None:
