@@ -86,6 +86,15 @@ class GatewayError(Exception):
     def to_json(self) -> bytes:
         return orjson.dumps(self.to_body())
 
+    def to_stream_body(self) -> dict[str, Any]:
+        """The error that ends a stream: OpenAI's body, a server fault (a 5xx) typed
+        ``server_error`` as OpenAI's own streams type one (clients retry on that type:
+        opencode on no other), the gateway's code kept."""
+        body = self.to_body()
+        if self.http_status >= 500:
+            body["error"]["type"] = "server_error"
+        return body
+
 
 class InvalidRequest(GatewayError):
     status = 400

@@ -3,11 +3,14 @@
 Holds the caller's status until the first content-bearing event, so an error
 before it is a real HTTP error; after it, errors become an in-stream error
 object. A stream that breaks (no finish reason, no ``[DONE]``) before any
-content is sent once more, silently. After content that is text only, an
-upstream that can go on with a partial answer is asked to (once), and the
-caller sees one unbroken answer. Otherwise only a caller that declared it
-understands the discard event gets the discard chunk and the answer again; any
-other caller gets the in-stream error, never a second answer.
+content is sent once more, silently. Tool calls are held back until the
+answer's finish (``tool_call_hold.py``), so what a caller was shown before a
+break is text and reasoning only: an upstream that can go on with a partial
+answer is asked to (once), and the caller sees one unbroken answer. Otherwise
+only a caller that declared it understands the discard event gets the discard
+chunk and the answer again; any other caller gets the in-stream error (a server
+fault typed ``server_error``, as OpenAI's streams type one), never a second
+answer.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from boundedcode_gateway.providers.base import (
     RequestOptions,
     StreamTranslator,
 )
+from boundedcode_gateway.tool_call_hold import ToolCallHold
 from boundedcode_gateway.upstream.http import UpstreamResponse, iter_body
 from boundedcode_gateway.upstream.metrics import CallMetrics
 from boundedcode_gateway.wire.sse import (
@@ -116,7 +120,7 @@ class StreamRelay:
         self._secret_forms = secret_forms(secrets)
         self._max_event_bytes = max_event_bytes
         self._resp: UpstreamResponse | None = None
-        self._translator = new_translator()
+        self._translator = ToolCallHold(new_translator())
         self._decoder = SSEDecoder(max_event_bytes)
         self._pending: deque[SSEEvent] = deque()
         self._body: AsyncIterator[bytes] | None = None
@@ -133,10 +137,10 @@ class StreamRelay:
         self._release_response()
         if continuation is None:
             self._resp = await self._attempts.open()
-            self._translator = self._new_translator()
+            self._translator = ToolCallHold(self._new_translator())
         else:
             self._resp = await self._attempts.for_request(continuation.request).open()
-            self._translator = continuation.new_translator()
+            self._translator = ToolCallHold(continuation.new_translator())
         self._decoder = SSEDecoder(self._max_event_bytes)
         self._pending.clear()
         self._body = iter_body(self._resp)
@@ -189,7 +193,7 @@ class StreamRelay:
                 break
             if until_commit and self._committed():
                 break
-        if t.content_started and self.ttft_ms is None:
+        if t.generating and self.ttft_ms is None:
             self.ttft_ms = self._ctx.elapsed_ms()
             if self._watcher is not None:
                 self._watcher.first_token(self._ctx.call_id, self.ttft_ms)
@@ -358,7 +362,7 @@ class StreamRelay:
         self._complete = False
         self._error = exc
         self.close()
-        return encode_data(orjson.dumps(exc.to_body()))
+        return encode_data(orjson.dumps(exc.to_stream_body()))
 
     # -- the end
 

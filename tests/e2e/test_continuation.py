@@ -111,7 +111,35 @@ def test_content_after_reasoning_goes_on_with_both(gateway: Gateway, upstreams: 
     assert partial == {"role": "assistant", "content": "The ", "reasoning_content": REASONING}
 
 
-def test_a_break_inside_a_tool_call_is_not_continued(
+def test_a_break_inside_a_tool_call_after_text_goes_on_from_the_text(
+    gateway: Gateway, upstreams: Upstreams
+) -> None:
+    """The relay holds tool calls back until the finish: the caller was shown the text,
+    the server goes on from it, and the call comes whole in the continuation."""
+    calls = [{"name": "read_file", "arguments": '{"path": "README.md"}'}]
+    text = "Reading it."
+    # progress, role, the text's tokens, the call's head and two pieces of its arguments
+    upstreams.llama.queue(
+        Reply(content=text, tool_calls=calls, break_after_chunks=3 + len(tokenize(text)) + 3),
+        Reply(content=text, tool_calls=calls),
+    )
+    events = stream(gateway, tools=[{"type": "function", "function": {"name": "read_file"}}])
+    assert events[-1] == "[DONE]" and joined(events, "content") == text
+    deltas = [
+        tc
+        for c in chunks_of(events)
+        if c.get("choices")
+        for tc in c["choices"][0]["delta"].get("tool_calls") or ()
+    ]
+    assert len(deltas) == 1  # the call whole, in one delta
+    assert deltas[0]["function"] == {"name": "read_file", "arguments": '{"path": "README.md"}'}
+    assert posts(upstreams)[1]["messages"][-1] == {"role": "assistant", "content": text}
+    call = gateway.calls()[0]
+    assert call["adjustments"]["continued_after_break"] is True
+    assert call["finish_reason"] == "tool_calls"
+
+
+def test_a_break_inside_a_tool_call_that_showed_nothing_is_sent_again(
     gateway: Gateway, upstreams: Upstreams
 ) -> None:
     calls = [{"name": "read_file", "arguments": '{"path": "README.md"}'}]
@@ -120,10 +148,10 @@ def test_a_break_inside_a_tool_call_is_not_continued(
         Reply(content="", tool_calls=calls),
     )
     events = stream(gateway)
-    assert events[-1]["error"]["code"] == "upstream_stream_broken"
-    assert len(posts(upstreams)) == 1
+    assert events[-1] == "[DONE]"
+    assert len(posts(upstreams)) == 2 and "continue_final_message" not in posts(upstreams)[1]
     call = gateway.calls()[0]
-    assert call["adjustments"] == {} and call["retried"] is False
+    assert call["adjustments"] == {} and call["retried"] is True and call["status"] == "ok"
 
 
 @pytest.mark.parametrize("headers", [None, AWARE], ids=["unaware", "aware"])

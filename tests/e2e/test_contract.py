@@ -305,7 +305,7 @@ def test_a_break_after_content_is_an_in_stream_error_for_a_caller_that_did_not_d
         _continued(out)
         return
     error = out.ends_in_stream_error("upstream_stream_broken")
-    assert error["type"] == "upstream_error" and error["param"] is None
+    assert error["type"] == "server_error" and error["param"] is None
     # a part of the one answer, never a second answer glued to it
     shown = out.text()
     assert shown and ANSWER.startswith(shown) and shown != ANSWER

@@ -340,13 +340,14 @@ def test_a_prompt_too_long_is_context_length_exceeded(
     assert gateway.calls()[-1]["error_code"] == "context_length_exceeded"
 
 
-def test_a_stream_that_breaks_after_a_tool_call_shows_fails(
+def test_a_stream_that_breaks_after_text_shows_fails(
     gateway: Gateway, upstreams: Upstreams
 ) -> None:
     """A caller that did not declare the discard event gets response.failed with the
-    gateway's code, never a second answer."""
+    gateway's code, never a second answer (the tool call, held until the finish, was
+    never shown)."""
     call = [{"name": "read_file", "arguments": {"path": "a.py"}}]
-    upstreams.openai.queue(Reply(content="", tool_calls=call, break_after_chunks=4))
+    upstreams.openai.queue(Reply(content="Reading.", tool_calls=call, break_after_chunks=5))
     events = list(
         gateway.client().responses.create(model="gpt", input="Read", tools=TOOLS, stream=True)
     )
@@ -357,7 +358,7 @@ def test_a_stream_that_breaks_after_a_tool_call_shows_fails(
     assert events[-1].response.error is not None
     assert events[-1].response.error.code == "upstream_stream_broken"  # type: ignore[comparison-overlap]
     assert [e.type for e in events].count("response.output_item.added") == 1
-    upstreams.openai.queue(Reply(content="", tool_calls=call, break_after_chunks=4))
+    upstreams.openai.queue(Reply(content="Reading.", tool_calls=call, break_after_chunks=5))
     client = gateway.client()
     with (
         pytest.raises(RuntimeError, match=r"response\.completed"),

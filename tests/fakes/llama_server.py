@@ -9,8 +9,10 @@ bodies, `Server: llama.cpp` and `Connection: close` on every error, streaming or
 A final assistant message is continued as the pinned server continues it: the prompt
 ends with it (its reasoning after `<think>`, closed when content follows, then its
 content), and the model goes on with the rest of the queued reply (the reply's text
-after the partial one, when it starts with it). With `continue_final_message` the
-stream holds only the new text; without it the partial text comes again first.
+after the partial one, when it starts with it, then its tool calls, which the real
+server parses from the continued turn like any other's). With `continue_final_message` the
+stream holds only the new text; without it the partial text comes again first. A
+final message with tool calls is refused, as the real server refuses it.
 
 The "model" is a ChatML-like template plus the `Reply` queue (or, when it is empty, the
 `responder`, which answers from the request: tests/agents/scripted_model.py). The cache

@@ -98,7 +98,8 @@ def choice_chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any)
     )
 
 
-def test_the_text_shown_is_kept_until_a_tool_call_begins() -> None:
+def test_the_text_shown_is_kept_and_a_tool_call_is_no_part_of_it() -> None:
+    # the relay holds tool calls back until the finish: the caller was shown the text
     t = OpenAIStreamTranslator(STREAMED, keep_shown=True)
     assert t.shown_text() is None
     t.feed("", choice_chunk({"role": "assistant", "content": None}))
@@ -108,7 +109,7 @@ def test_the_text_shown_is_kept_until_a_tool_call_begins() -> None:
     assert t.shown_text() == PartialAnswer("Hello", "Think.", "chatcmpl-new", 200, deltas=3)
     head = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f"}}
     t.feed("", choice_chunk({"tool_calls": [head]}))
-    assert t.shown_text() is None
+    assert t.shown_text() == PartialAnswer("Hello", "Think.", "chatcmpl-new", 200, deltas=3)
     assert OpenAIStreamTranslator(STREAMED).shown_text() is None  # not kept unless asked
 
 

@@ -292,7 +292,7 @@ async def test_a_limit_of_the_call_ends_an_open_answer_in_the_in_stream_error(
         {
             "error": {
                 "message": "the call ran longer than inference.max_call_s (1 s)",
-                "type": "upstream_error",
+                "type": "server_error",
                 "param": None,
                 "code": "upstream_timeout",
             }

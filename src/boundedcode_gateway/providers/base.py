@@ -102,8 +102,9 @@ class StreamTranslator(Protocol):
         ...
 
     def shown_text(self) -> PartialAnswer | None:
-        """The answer relayed so far, when this translator keeps it (for an upstream that
-        can continue it) and it is text only; None otherwise."""
+        """The text and reasoning relayed so far, when this translator keeps them (for an
+        upstream that can continue them); None otherwise. Its tool calls are not part of
+        it: the relay holds them back until the finish."""
         ...
 
 

@@ -141,6 +141,71 @@ def test_an_error_in_the_stream_ends_it_in_anthropics_shape() -> None:
     }
 
 
+BROKEN = (
+    b"data: "
+    + orjson.dumps(
+        {
+            "error": {
+                "message": "the upstream stream ended with no finish reason and no [DONE]",
+                "type": "server_error",
+                "param": None,
+                "code": "upstream_stream_broken",
+            }
+        }
+    )
+    + b"\n\n"
+)
+CALL = {
+    "index": 0,
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "ls", "arguments": '{"path": "."}'},
+}
+
+
+def test_a_broken_stream_is_an_api_error_with_no_block_ended_before_it() -> None:
+    """Claude Code 2.1.197 sends the request again when a stream fails inside an open
+    block, and gives up once a block has ended: at each point of an answer (the relay
+    holds tool calls until the finish), nothing has ended unless a thinking block came
+    before the text."""
+    points = {
+        "inside text": [chunk({"content": "Let me"})],
+        "after the last text, before the finish": [chunk({"content": "Done."})],
+        "inside reasoning": [chunk({"reasoning_content": "Think"})],
+        "after the finish, before the end": [chunk({"content": "Done."}), chunk({}, "stop")],
+    }
+    for point, before in points.items():
+        out = run(chunk({"role": "assistant", "content": None}), *before, BROKEN)
+        got = names(out)
+        assert "content_block_stop" not in got, point
+        assert got[-1] == "error", point
+        assert parse_sse(out)[-1][1]["error"]["type"] == "api_error", point
+    after_thinking = run(chunk({"reasoning_content": "Think."}), chunk({"content": "Let"}), BROKEN)
+    assert names(after_thinking).count("content_block_stop") == 1  # the thinking block's
+    # the text block ends when the calls come, and they come with the finish, in the
+    # piece of the stream the relay writes for the upstream's finish
+    calls = run(chunk({"content": "Let me look."}), chunk({"tool_calls": [CALL]}))
+    assert names(calls)[-4:] == [
+        "content_block_stop",
+        "content_block_start",
+        "content_block_delta",
+        "error",  # the test's stream stopped short here; the relay's never does
+    ]
+
+
+def test_the_last_block_stops_with_the_message_delta() -> None:
+    stream = MessagesStream("local", SEALER.sign)
+    before = stream.feed(chunk({"content": "Hi."}) + chunk({}, "stop") + chunk(usage=USAGE))
+    assert "content_block_stop" not in names(before)  # the finish alone ends nothing
+    assert names(stream.feed(DONE)) == ["content_block_stop", "message_delta", "message_stop"]
+
+
+def test_an_overload_from_an_anthropic_upstream_stays_one() -> None:
+    error = {"message": "Overloaded", "type": "server_error", "code": "overloaded_error"}
+    out = run(chunk({"content": "Hel"}), b"data: " + orjson.dumps({"error": error}) + b"\n\n")
+    assert parse_sse(out)[-1][1]["error"]["type"] == "overloaded_error"
+
+
 def test_an_overflow_in_the_stream_is_prompt_is_too_long() -> None:
     error = {
         "error": {

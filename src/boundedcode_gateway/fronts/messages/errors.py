@@ -146,12 +146,17 @@ def from_gateway_error(exc: GatewayError) -> tuple[int, bytes]:
 
 def from_stream_error(error: Any) -> bytes:
     """The ``error`` event's data for the gateway's in-stream error object (OpenAI's
-    ``{"message", "type", "param", "code"}``)."""
+    ``{"message", "type", "param", "code"}``): a server fault is ``api_error``, an
+    overload ``overloaded_error``, as Anthropic's streams send them, and Claude Code
+    and the SDKs retry both."""
     if not isinstance(error, dict):
         return error_body("api_error", str(error))
     code, kind = error.get("code"), error.get("type")
     message = str(error.get("message") or kind or "the answer failed")
-    status = STATUS_BY_CODE.get(code) if isinstance(code, str) else None
+    status = None
+    if isinstance(code, str):
+        # an Anthropic upstream's own kind (an overload mid-stream) is its code
+        status = STATUS_BY_CODE.get(code) or STATUS_BY_TYPE.get(code)
     if status is None:
         status = STATUS_BY_TYPE.get(kind, 500) if isinstance(kind, str) else 500
     if code == OVERFLOW_CODE:

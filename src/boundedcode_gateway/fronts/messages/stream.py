@@ -8,6 +8,13 @@ stopped, a thinking block's ``signature_delta`` (the gateway's signature of its
 whole text, with the profile) just before its stop; at ``[DONE]`` the ``message_delta`` with the
 stop reason and the usage, then ``message_stop``.
 
+A block is stopped only when the next one starts, and the last one at ``[DONE]``,
+right before the ``message_delta``: Claude Code 2.1.197 sends a request again
+when a stream fails inside an open block, and gives up once a block has ended.
+The relay holds tool calls back until the finish, so the text block before them
+stays open until the answer is whole; only a thinking block followed by text has
+ended before the answer does.
+
 An in-stream error becomes an ``error`` event and ends the stream. So does the
 discard chunk, which the Messages API has no form for: the front refuses the
 header that asks for it, so it should never come; if it does, what the caller
@@ -161,12 +168,13 @@ class MessagesStream:
         if not isinstance(choice, dict):
             return
         delta = choice.get("delta")
-        if isinstance(delta, dict):
+        if isinstance(delta, dict) and self._finish is None:
             self._delta(delta, out)
         finish = choice.get("finish_reason")
-        if isinstance(finish, str) and not self._done:
+        if isinstance(finish, str) and not self._done and self._finish is None:
+            # the last block is stopped with the message_delta, at the end: an answer that
+            # fails before it has no block that ended
             self._finish = finish
-            self._close(out)
 
     def _end_message(self, out: list[bytes]) -> None:
         if not self._started:

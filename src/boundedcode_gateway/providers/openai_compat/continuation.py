@@ -13,8 +13,10 @@ continued too, but its text comes again in the first delta.
 The answer's token limit counts the continuation alone, so it is lowered by the
 deltas already shown (about one token each).
 
-It cannot continue a message with tool calls (400), and only its Jinja template
-engine continues at all: a server run with ``--no-jinja`` or
+It cannot continue a message with tool calls (400): the relay holds tool calls
+back until the finish, so the partial message is text only, and the model writes
+its calls in the continuation, which the server parses like any turn's. Only its
+Jinja template engine continues at all: a server run with ``--no-jinja`` or
 ``--skip-chat-parsing`` would render the partial message as a finished turn.
 """
 

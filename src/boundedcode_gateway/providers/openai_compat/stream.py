@@ -196,9 +196,10 @@ class OpenAIStreamTranslator:
         return self._feed_choice(obj, choices[0], data)
 
     def shown_text(self) -> PartialAnswer | None:
-        """The text relayed so far, if kept and no tool call has begun."""
+        """The text relayed so far, if kept: the relay holds tool calls back until the
+        finish (``tool_call_hold.py``), so before it the caller was shown text only."""
         text = self._text
-        if not self._keep_shown or text is None or self._tool_args:
+        if not self._keep_shown or text is None:
             return None
         content, reasoning = "".join(text.content), "".join(text.reasoning or ())
         if not content and not reasoning:
