@@ -9,6 +9,9 @@ and only these do: they carry the ``llama_server`` marker, so
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,8 @@ import yaml
 
 from boundedcode_gateway.app import create_app
 from boundedcode_gateway.config import parse_config
+from boundedcode_gateway.llama_server.launcher import free_port
+from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
 from tests.e2e.conftest import Gateway
 from tests.fakes.server import serve_in_thread
 
@@ -57,6 +62,50 @@ PROFILES: dict[str, Any] = {
 REAL_SERVER_TIMEOUT_S = 2400
 
 HERE = Path(__file__).resolve().parent
+
+
+def run_llama_server(
+    template: Path, *extra: str, ctx_size: int = 4096, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """A llama-server of the test's own (SmolLM2, one slot, ``template``): its URL once it
+    answers /health, stopped after."""
+    port = free_port()
+    argv = [
+        find_llama_server(None),
+        "--model",
+        str(resolve_model_path(MODEL, "model")),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--ctx-size",
+        str(ctx_size),
+        "--parallel",
+        "1",
+        "--chat-template-file",
+        str(template),
+        "--no-webui",
+        *extra,
+    ]
+    environment = {**os.environ, **(env or {})}
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environment
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, "llama-server did not start"
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(20)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -11,19 +11,16 @@ model writes the same call on every run.
 
 from __future__ import annotations
 
-import subprocess
-import time
 from collections.abc import Iterator
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 
-from boundedcode_gateway.llama_server.launcher import free_port
-from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
-from tests.integration.conftest import MODEL
+from tests.integration.conftest import run_llama_server
 
 pytestmark = pytest.mark.llama_server
 
@@ -44,40 +41,9 @@ SHOWN = "I will read README.md.\n"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    template = resources.files("boundedcode_gateway") / "templates" / "smollm2_tools.jinja"
-    port = free_port()
-    argv = [
-        find_llama_server(None),
-        "--model",
-        str(resolve_model_path(MODEL, "model")),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--ctx-size",
-        "4096",
-        "--parallel",
-        "1",
-        "--chat-template-file",
-        str(template),
-        "--no-webui",
-    ]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, "llama-server did not start"
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(20)
+    yield from run_llama_server(
+        Path(str(resources.files("boundedcode_gateway") / "templates" / "smollm2_tools.jinja"))
+    )
 
 
 def test_a_tool_call_after_continued_text_comes_back_as_tool_calls(server: str) -> None:

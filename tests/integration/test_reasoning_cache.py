@@ -9,9 +9,6 @@ drops reasoning_content from the history it sends back; the gateway restores it
 
 from __future__ import annotations
 
-import os
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,11 +17,9 @@ import httpx
 import pytest
 
 from boundedcode_gateway.llama_server.flags import SLOTS_DEBUG_ENV
-from boundedcode_gateway.llama_server.launcher import free_port
-from boundedcode_gateway.llama_server.locate import find_llama_server, resolve_model_path
 from boundedcode_gateway.policy.cache_misses import MISS_TOLERANCE_TOKENS
 from tests.e2e.conftest import Gateway
-from tests.integration.conftest import MODEL, TEMPLATES, start_real_gateway
+from tests.integration.conftest import TEMPLATES, run_llama_server, start_real_gateway
 
 TURNS = 8
 BUDGET = {"reasoning_budget_tokens": 120, "max_tokens": 200, "temperature": 0.8}
@@ -41,43 +36,11 @@ QUESTIONS = [
 
 
 def run_server(*extra: str) -> Iterator[str]:
-    """A llama-server of our own, so a restarted gateway finds its cache still warm."""
-    port = free_port()
-    argv = [
-        find_llama_server(None),
-        "--model",
-        str(resolve_model_path(MODEL, "model")),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--ctx-size",
-        "8192",
-        "--parallel",
-        "1",
-        "--chat-template-file",
-        str(TEMPLATES / "qwen3_style.jinja"),
-        "--no-webui",
-        *extra,
-    ]
-    # as a managed server runs: /slots shows the generated text, so misses can be named
-    env = {**os.environ, **SLOTS_DEBUG_ENV}
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, "llama-server did not start"
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(20)
+    """A llama-server of our own, so a restarted gateway finds its cache still warm; as a
+    managed server runs: /slots shows the generated text, so misses can be named."""
+    yield from run_llama_server(
+        TEMPLATES / "qwen3_style.jinja", *extra, ctx_size=8192, env=SLOTS_DEBUG_ENV
+    )
 
 
 @pytest.fixture(scope="module")
