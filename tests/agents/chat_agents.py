@@ -34,6 +34,7 @@ from tests.agents.harness import (
     AgentRun,
     Launch,
     RunContext,
+    break_problems,
     register,
 )
 from tests.agents.scripted_model import BreakPoint
@@ -212,7 +213,7 @@ def _aider(edit_format: str | None) -> Launch:
 def aider_problems(run: AgentRun) -> list[str]:
     """What a run of aider got wrong; empty when nothing. aider calls no tools: its run is
     the edit, applied to the file (its lines: the text and a newline), then the commit of
-    it with the message the scripted model wrote; the rest as for every agent."""
+    it with the message the scripted model wrote; the break as for every agent."""
     if run.returncode is None:
         return ["the agent did not finish in time"]
     found: list[str] = []
@@ -237,15 +238,7 @@ def aider_problems(run: AgentRun) -> list[str]:
     message = f"feat: Add {Path(run.task.path).name}"
     if log.stdout.strip() != message:
         found.append(f"the last commit is {log.stdout.strip() or log.stderr.strip()!r}")
-    broken = run.broken_calls
-    if run.break_at is BreakPoint.NONE and broken:
-        found.append("a stream broke with no break asked for")
-    if run.break_at is not BreakPoint.NONE and run.model.broke is not None:
-        whole = len(broken) == 1 and broken[0]["retried"] is True and broken[0]["status"] == "ok"
-        if not whole:
-            ends = [c.get("error_code") for c in broken]
-            found.append(f"the broken call was not carried through by the gateway ({ends})")
-    return found
+    return found + break_problems(run)
 
 
 def _all() -> dict[str, ChatAgent]:

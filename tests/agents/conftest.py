@@ -1,11 +1,12 @@
-"""The agents' runs, a few at once: every (agent, break point) case the session collected is
-started in a bounded pool at the first test that asks for one, so the runs overlap while
-the tests read their results in order.
+"""The agents' runs, a few at once: every (agent, break point, upstream) case the session
+collected is started in a bounded pool at the first test that asks for one, so the runs
+overlap while the tests read their results in order.
 
-A test parametrised with `agent` (a name registered in harness.LAUNCHERS) and `point` (a
-BreakPoint) calls `agent_runs.result(agent, point)`. `AGENT_RUNS_AT_ONCE` (default 3) bounds
+A test parametrised with `agent` (a name registered in harness.LAUNCHERS), `point` (a
+BreakPoint) and, where it is not llama.cpp, `upstream` (harness.Upstream) calls
+`agent_runs.result(agent, point, upstream)`. `AGENT_RUNS_AT_ONCE` (default 3) bounds
 the runs in flight; `AGENT_RUN_TIMEOUT_S` (default 90) bounds each agent's process. Each
-run's outcome is also written to test-artifacts/agents/<agent>-<point>.json (or under
+run's outcome is also written to test-artifacts/agents/<agent>[-cloud]-<point>.json (or under
 `AGENTS_ARTIFACTS`); `python -m tests.agents.matrix` prints them as a table.
 `AGENTS_GATEWAY_SRC` runs another tree's gateway (its `src`) instead of this one's.
 """
@@ -20,10 +21,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.agents.harness import LAUNCHERS, REPO, AgentRun, dump, run_agent
+from tests.agents.harness import (
+    LAUNCHERS,
+    LLAMA_CPP,
+    REPO,
+    AgentRun,
+    Upstream,
+    case_name,
+    dump,
+    run_agent,
+)
 from tests.agents.scripted_model import BreakPoint
 
-Case = tuple[str, BreakPoint]
+Case = tuple[str, BreakPoint, Upstream]
 ARTIFACTS = Path(os.environ.get("AGENTS_ARTIFACTS") or REPO / "test-artifacts" / "agents")
 
 
@@ -39,25 +49,32 @@ class AgentRuns:
         self._lock = threading.Lock()
 
     def _run(self, case: Case) -> AgentRun:
-        agent, point = case
+        agent, point, upstream = case
         launch = LAUNCHERS[agent]()  # fails here, naming the install, when it is missing
-        root = self._root / f"{agent}-{point.value}"
-        run = run_agent(agent, launch, break_at=point, root=root, timeout_s=self._timeout_s)
+        name = case_name(*case)
+        run = run_agent(
+            agent,
+            launch,
+            break_at=point,
+            root=self._root / name,
+            timeout_s=self._timeout_s,
+            upstream=upstream,
+        )
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        dump(run, ARTIFACTS / f"{agent}-{point.value}.json")
+        dump(run, ARTIFACTS / f"{name}.json")
         return run
 
     def _submit(self, case: Case) -> None:
         if case not in self._futures:
             self._futures[case] = self._pool.submit(self._run, case)
 
-    def result(self, agent: str, point: BreakPoint) -> AgentRun:
+    def result(self, agent: str, point: BreakPoint, upstream: Upstream = LLAMA_CPP) -> AgentRun:
         assert agent in LAUNCHERS, f"no agent {agent!r} is registered: {sorted(LAUNCHERS)}"
         with self._lock:
             for case in self._cases:  # all of them, in the order the tests will ask
                 self._submit(case)
-            self._submit((agent, point))
-        return self._futures[(agent, point)].result()
+            self._submit((agent, point, upstream))
+        return self._futures[(agent, point, upstream)].result()
 
     def close(self) -> None:
         for future in self._futures.values():
@@ -70,9 +87,11 @@ def _collected_cases(session: pytest.Session) -> list[Case]:
     for item in session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         agent, point = params.get("agent"), params.get("point")
-        case = (agent, point)
-        if isinstance(agent, str) and isinstance(point, BreakPoint) and case not in cases:
-            cases.append((agent, point))
+        upstream = params.get("upstream", LLAMA_CPP)
+        if isinstance(agent, str) and isinstance(point, BreakPoint):
+            case = (agent, point, upstream)
+            if case not in cases:
+                cases.append(case)
     return cases
 
 

@@ -4,6 +4,11 @@ its own, a temporary workspace and home, and the agent's process with a bounded 
     run = run_agent("claude-code", launch, break_at=BreakPoint.IN_TEXT, root=tmp_path)
     run.returncode, run.stdout, run.stderr, run.file_text, run.calls, run.model.broke
 
+`upstream` says what the gateway's profile makes of the scripted model: `llama.cpp` (the
+default: `provider: local`, which continues a broken stream) or `cloud` (the same model as
+an `openai-compatible` API, which the gateway does not continue: after content the agent
+gets its own API's failure, and retries or not, as the agent does with a cloud model).
+
 `launch` turns a `RunContext` (the gateway's URL, the workspace, the home, the task and
 its prompt) into an `AgentCommand`: the argv, the environment added to a bare one (PATH,
 HOME, locale; no proxies, no keys of this machine), and files to write first (an agent's
@@ -23,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import orjson
@@ -38,6 +43,25 @@ INSTALL_HINT = "run `make agents` (a step of `make test`) to install the pinned 
 # the profile the agents are pointed at, as docs/fronts.md names it
 PROFILE = "local"
 TASK_TEXT = "hello from the scripted model"
+
+# what the gateway's profile makes of the scripted model (module docstring)
+Upstream = Literal["llama.cpp", "cloud"]
+LLAMA_CPP: Upstream = "llama.cpp"
+CLOUD: Upstream = "cloud"
+
+
+def upstream_profile(upstream: Upstream, url: str) -> dict[str, str]:
+    """The profile `local` for the scripted model at `url`, as that kind of upstream."""
+    if upstream == CLOUD:
+        # an OpenAI-compatible service needs only its base URL (a key where it checks one)
+        return {"provider": "openai-compatible", "base_url": url + "/v1"}
+    return {"provider": "local", "external_url": url}
+
+
+def case_name(agent: str, point: BreakPoint, upstream: Upstream = LLAMA_CPP) -> str:
+    """A run's folder and artifact name: `<agent>-<point>`, `<agent>-cloud-<point>`."""
+    where = "" if upstream == LLAMA_CPP else f"{upstream}-"
+    return f"{agent}-{where}{point.value}"
 
 
 @dataclass(frozen=True)
@@ -87,9 +111,11 @@ class AgentRun:
     task: Task
     gateway_output: str
     seconds: float
+    upstream: Upstream = LLAMA_CPP
 
     def __repr__(self) -> str:
-        return f"AgentRun({self.agent}, {self.break_at.value}, rc={self.returncode})"
+        where = f"{self.upstream}, {self.break_at.value}"
+        return f"AgentRun({self.agent}, {where}, rc={self.returncode})"
 
     @property
     def refused(self) -> list[dict[str, Any]]:
@@ -116,7 +142,8 @@ class AgentRun:
         steps = [f"{a.step}{'(broke)' if a.broke else ''}" for a in self.model.answers]
         return "\n".join(
             [
-                f"{self.agent} break={self.break_at.value} rc={self.returncode} "
+                f"{self.agent} upstream={self.upstream} break={self.break_at.value} "
+                f"rc={self.returncode} "
                 f"in {self.seconds:.0f}s; model broke: {self.model.broke}",
                 f"model answers: {steps}",
                 "gateway records:",
@@ -135,12 +162,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def gateway_process(data_dir: Path, upstream_url: str) -> Iterator[tuple[str, list[str]]]:
+def gateway_process(
+    data_dir: Path, upstream_url: str, upstream: Upstream = LLAMA_CPP
+) -> Iterator[tuple[str, list[str]]]:
     """`boundedcode-gateway serve` from this tree's sources with one profile, `local`, on
     the upstream; yields its URL and, once it stopped, what it wrote (the list's one item)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     config = data_dir / "gateway.yaml"
-    profiles = {PROFILE: {"provider": "local", "external_url": upstream_url}}
+    profiles = {PROFILE: upstream_profile(upstream, upstream_url)}
     config.write_text(yaml.safe_dump({"data_dir": str(data_dir), "models": profiles}))
     # this tree's gateway, or the one whose sources AGENTS_GATEWAY_SRC names
     src = os.environ.get("AGENTS_GATEWAY_SRC") or str(REPO / "src")
@@ -222,6 +251,7 @@ def run_agent(
     root: Path,
     timeout_s: float = 90.0,
     path_dirs: list[str] | None = None,
+    upstream: Upstream = LLAMA_CPP,
 ) -> AgentRun:
     """Run one agent on the task through a gateway of its own; `root` is an empty folder."""
     workspace, home = root / "workspace", root / "home"
@@ -230,7 +260,10 @@ def run_agent(
     task = Task(str(workspace / "hello.txt"), TASK_TEXT)
     model = ScriptedModel(break_at)
     started = time.monotonic()
-    with model.serve() as upstream, gateway_process(root / "gateway", upstream) as (url, out):
+    with (
+        model.serve() as model_url,
+        gateway_process(root / "gateway", model_url, upstream) as (url, out),
+    ):
         ctx = RunContext(url, workspace, home, task, task_prompt(task))
         command = launch(ctx)
         for path, text in command.files.items():
@@ -256,6 +289,7 @@ def run_agent(
         task=task,
         gateway_output=out[0] if out else "",
         seconds=time.monotonic() - started,
+        upstream=upstream,
     )
 
 
@@ -288,17 +322,44 @@ def problems(run: AgentRun) -> list[str]:
         found.append(f"the model got only to {sorted(steps)}")
     elif "done" not in run.stdout.lower():
         found.append("the agent did not say done")
+    return found + break_problems(run)
+
+
+def break_problems(run: AgentRun) -> list[str]:
+    """What the gateway's records say went wrong with the break; empty when nothing.
+
+    The gateway carries an answer through, within the call it broke in, on a llama.cpp
+    upstream (continued, or sent again when nothing was shown) and before any content on
+    a cloud one. After content on a cloud upstream the call ends in the failure, recorded
+    once, and the agent's own retry is a later call the model answers the broken step in.
+    """
     broken = run.broken_calls
     if run.break_at is BreakPoint.NONE and broken:
-        found.append("a stream broke with no break asked for")
-    # the break is in the record of the call it happened in, and the gateway got the answer
-    # through (continued or sent again) within that same call
-    if run.break_at is not BreakPoint.NONE and run.model.broke is not None:
+        return ["a stream broke with no break asked for"]
+    if run.break_at is BreakPoint.NONE or run.model.broke is None:
+        return []
+    ends = [(c.get("status"), c.get("error_code"), c.get("retried")) for c in broken]
+    if run.upstream == LLAMA_CPP or run.break_at is BreakPoint.BEFORE_CONTENT:
         whole = len(broken) == 1 and broken[0]["retried"] is True and broken[0]["status"] == "ok"
-        if not whole:
-            ends = [c.get("error_code") for c in broken]
-            found.append(f"the broken call was not carried through by the gateway ({ends})")
-    return found
+        return [] if whole else [f"the broken call was not carried through by the gateway {ends}"]
+    if ends != [("error", "upstream_stream_broken", False)]:
+        return [f"the failure was not recorded once {ends}"]
+    later = run.calls[run.calls.index(broken[0]) + 1 :]
+    answers = run.model.answers
+    at = next(i for i, a in enumerate(answers) if a.broke)
+    again = any(a.step == run.model.broke.step for a in answers[at + 1 :])
+    if not again or not any(c.get("status") == "ok" for c in later):
+        return ["the agent did not retry the broken call"]
+    return []
+
+
+def retry_of(run: AgentRun) -> dict[str, Any] | None:
+    """The agent's own retry of a call that ended in the failure: the next call after it."""
+    failed = [c for c in run.broken_calls if c.get("status") == "error"]
+    if len(failed) != 1:
+        return None
+    later = run.calls[run.calls.index(failed[0]) + 1 :]
+    return later[0] if later else None
 
 
 def check_run(run: AgentRun) -> None:
@@ -308,8 +369,13 @@ def check_run(run: AgentRun) -> None:
 
 
 def verdict(run: AgentRun) -> str:
-    """ "pass", or what went wrong; a run the agent itself recovered says so."""
+    """ "pass", or what went wrong; a run the agent itself recovered says so, and a cloud
+    run whose agent retried the failure, how it retried."""
     found = problems(run)
+    retry = retry_of(run)
+    if not found and retry is not None:
+        how = "streamed" if retry.get("stream") else "without streaming"
+        return f"pass: the agent retried ({how})"
     if not found:
         return "pass"
     carried = [p for p in found if not p.startswith("the broken call")]
@@ -334,6 +400,7 @@ def dump(run: AgentRun, path: Path) -> None:
         orjson.dumps(
             {
                 "agent": run.agent,
+                "upstream": run.upstream,
                 "break_at": run.break_at.value,
                 "verdict": verdict(run),
                 "saw": what_it_saw(run),
