@@ -36,8 +36,8 @@ from tests.agents.harness import (
     RunContext,
     break_problems,
     register,
+    run_problems,
 )
-from tests.agents.scripted_model import BreakPoint
 
 NPM = REPO / "tests" / "agents" / "npm"
 VENVS = REPO / ".venv-agents"
@@ -216,14 +216,7 @@ def aider_problems(run: AgentRun) -> list[str]:
     it with the message the scripted model wrote; the break as for every agent."""
     if run.returncode is None:
         return ["the agent did not finish in time"]
-    found: list[str] = []
-    if run.break_at is not BreakPoint.NONE and run.model.broke is None:
-        found.append("the stream was never broken")
-    if run.refused:
-        codes = ", ".join(f"{c.get('http_status')} {c.get('error_code')}" for c in run.refused)
-        found.append(f"the gateway refused {len(run.refused)} calls ({codes})")
-    if run.returncode != 0:
-        found.append(f"the agent exited {run.returncode}")
+    found = run_problems(run)
     if run.file_text != run.task.text + "\n":
         found.append(f"the file holds {run.file_text!r}")
     if "Applied edit to" not in run.stdout:

@@ -306,14 +306,7 @@ def problems(run: AgentRun) -> list[str]:
         return OWN_CHECKS[run.agent](run)
     if run.returncode is None:
         return ["the agent did not finish in time"]
-    found: list[str] = []
-    if run.break_at is not BreakPoint.NONE and run.model.broke is None:
-        found.append("the stream was never broken")
-    if run.refused:
-        codes = ", ".join(f"{c.get('http_status')} {c.get('error_code')}" for c in run.refused)
-        found.append(f"the gateway refused {len(run.refused)} calls ({codes})")
-    if run.returncode != 0:
-        found.append(f"the agent exited {run.returncode}")
+    found = run_problems(run)
     if run.file_text is None or run.file_text.rstrip("\n") != run.task.text:
         found.append(f"the file holds {run.file_text!r}")
     steps = {a.step for a in run.model.answers}
@@ -323,6 +316,20 @@ def problems(run: AgentRun) -> list[str]:
     elif "done" not in run.stdout.lower():
         found.append("the agent did not say done")
     return found + break_problems(run)
+
+
+def run_problems(run: AgentRun) -> list[str]:
+    """What every agent's finished run can get wrong, whatever its flow: a break asked for
+    that never came, a call the gateway refused, an exit status other than 0."""
+    found: list[str] = []
+    if run.break_at is not BreakPoint.NONE and run.model.broke is None:
+        found.append("the stream was never broken")
+    if run.refused:
+        codes = ", ".join(f"{c.get('http_status')} {c.get('error_code')}" for c in run.refused)
+        found.append(f"the gateway refused {len(run.refused)} calls ({codes})")
+    if run.returncode != 0:
+        found.append(f"the agent exited {run.returncode}")
+    return found
 
 
 def break_problems(run: AgentRun) -> list[str]:

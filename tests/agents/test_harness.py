@@ -4,6 +4,7 @@ upstream, a run stopped at its time limit, and how a break's records are judged.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import textwrap
 from pathlib import Path
@@ -19,6 +20,7 @@ from tests.agents.harness import (
     break_problems,
     check_run,
     run_agent,
+    run_problems,
     verdict,
 )
 from tests.agents.scripted_model import Answer, Break, BreakPoint, ScriptedModel, Task
@@ -127,3 +129,17 @@ def test_a_cloud_break_after_content_is_the_failure_then_the_agents_retry() -> N
     # two failures: a retry that broke too is not one broken call
     twice = [{**FAILED, **BROKE}, {**FAILED, **BROKE}, OK]
     assert break_problems(_broken_run(CLOUD, twice, steps)) != []
+
+
+def test_every_run_is_judged_on_its_exit_its_refused_calls_and_its_break() -> None:
+    steps = ["write", "write", "read", "done"]
+    calls = [{**FAILED, **BROKE}, OK, OK, OK]
+    assert run_problems(_broken_run(CLOUD, calls, steps)) == []
+    exited = dataclasses.replace(_broken_run(CLOUD, calls, steps), returncode=1)
+    assert run_problems(exited) == ["the agent exited 1"]
+    refused = _broken_run(CLOUD, [*calls], steps)
+    refused.calls.append({"status": "error", "http_status": 400, "error_code": "invalid_value"})
+    assert run_problems(refused) == ["the gateway refused 1 calls (400 invalid_value)"]
+    never = _broken_run(CLOUD, calls, steps)
+    never.model.broke = None
+    assert run_problems(never) == ["the stream was never broken"]
