@@ -151,7 +151,7 @@ def test_two_gateways_serving_one_task_in_turn_keep_its_reasoning_and_changed(
     assert len(rows) == len({r["call_id"] for r in rows}) == len(TURNS)
     # nothing of the state went to the gateways' folders
     assert not any((g.data_dir / "tasks").exists() for g in gateways)
-    items = pg.fetch("SELECT key FROM state_reasoning WHERE task = 'shared'")
+    items = pg.fetch("SELECT keys FROM state_reasoning WHERE task = 'shared'")
     assert len(items) == len(TURNS)
 
 

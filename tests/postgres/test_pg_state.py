@@ -20,12 +20,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from boundedcode_gateway.metering.location import PostgresLocation
-from boundedcode_gateway.metering.pg_ledger import load_pg_migrations, migrate
+from boundedcode_gateway.metering.pg_ledger import apply_migrations, load_pg_migrations, migrate
 from boundedcode_gateway.policy.history_diff import GREW_ONLY, HistoryTracker, unpack_digests
 from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.state import pg_retention
 from boundedcode_gateway.state.backends import PostgresTaskState
 from boundedcode_gateway.state.database import (
+    MIGRATION_LOCK_KEY,
     MIGRATIONS_TABLE,
     StateDatabase,
     load_state_migrations,
@@ -101,9 +102,9 @@ async def test_each_kind_goes_to_the_other_gateway_byte_for_byte(
         for key in ("tool:call_1", "tool:call_2"):
             item = call.find(kind, [key])
             assert item is not None
-            assert (item.kind, item.key, item.provider, item.profile) == (
+            assert (item.kind, item.keys, item.provider, item.profile) == (
                 kind,
-                key,
+                ("tool:call_1", "tool:call_2"),
                 "local",
                 "qwen",
             )
@@ -125,8 +126,8 @@ async def test_each_call_reads_what_calls_through_the_other_gateway_kept(
     # a key kept again: the newer reasoning wins everywhere
     await b.keep("t", "reasoning_content", ["text:0"], "thought 0, again")
     assert await a.find("t", "reasoning_content", "text:0") == "thought 0, again"
-    rows = pg.fetch("SELECT key, seq FROM state_reasoning WHERE task = 't' ORDER BY seq")
-    assert [r["key"] for r in rows] == [f"text:{i}" for i in range(1, 6)] + ["text:0"]
+    rows = pg.fetch("SELECT keys, seq FROM state_reasoning WHERE task = 't' ORDER BY seq")
+    assert [r["keys"] for r in rows] == [[f"text:{i}"] for i in range(1, 6)] + [["text:0"]]
     assert [r["seq"] for r in rows] == [2, 3, 4, 5, 6, 7]
 
 
@@ -364,3 +365,100 @@ async def test_the_migrations_are_the_state_tables_own(pg: PgDatabase) -> None:
     again = await opened(pg.url)
     await closed(again)
     assert len(pg.fetch(f"SELECT version FROM {MIGRATIONS_TABLE}")) == len(load_state_migrations())
+
+
+WIDE_KEYS = [f"tool:call_{i}" for i in range(400)]
+WIDE_TEXT = "".join(f"thought {i}; " for i in range(40_000))  # about 470 KB
+
+
+async def test_an_answer_with_many_keys_is_one_row(
+    two: tuple[Gateway, Gateway], pg: PgDatabase
+) -> None:
+    a, b = two
+    await a.keep("t", "reasoning_content", WIDE_KEYS, WIDE_TEXT)
+    [row] = pg.fetch("SELECT keys, seq, octet_length(data) AS n FROM state_reasoning")
+    assert row["keys"] == WIDE_KEYS and row["seq"] == 1
+    assert row["n"] < 2 * len(WIDE_TEXT)
+    held = a.reasoning._held.peek("t")
+    assert held is not None and held.size < 2 * len(WIDE_TEXT)
+    call = await b.reasoning.task("t")
+    first = call.find("reasoning_content", [WIDE_KEYS[0]])
+    assert first is not None and first.data == WIDE_TEXT
+    assert all(call.find("reasoning_content", [k]) is first for k in WIDE_KEYS)
+    held = b.reasoning._held.peek("t")
+    assert held is not None and held.size < 2 * len(WIDE_TEXT)
+
+
+async def test_an_answer_found_under_none_of_its_keys_any_more_goes(
+    two: tuple[Gateway, Gateway], pg: PgDatabase
+) -> None:
+    a, b = two
+    await a.keep("t", "reasoning_content", ["tool:a", "tool:b"], "first")
+    await a.keep("t", "reasoning_content", ["tool:a", "tool:b"], "again")  # a retried turn
+    await a.keep("t", "anthropic_thinking", ["tool:a"], "another kind")
+    await b.keep("t", "reasoning_content", ["tool:b"], "b alone")  # tool:a still finds "again"
+    rows = pg.fetch("SELECT kind, keys, seq FROM state_reasoning ORDER BY seq")
+    assert [(r["kind"], r["keys"], r["seq"]) for r in rows] == [
+        ("reasoning_content", ["tool:a", "tool:b"], 2),
+        ("anthropic_thinking", ["tool:a"], 3),
+        ("reasoning_content", ["tool:b"], 4),
+    ]
+    for gateway in (a, b):
+        assert await gateway.find("t", "reasoning_content", "tool:a") == "again"
+        assert await gateway.find("t", "reasoning_content", "tool:b") == "b alone"
+        assert await gateway.find("t", "anthropic_thinking", "tool:a") == "another kind"
+
+
+async def test_rows_of_the_version_before_become_one_row_per_answer(pg: PgDatabase) -> None:
+    """A database the previous version wrote: one row per key, each with a copy of the
+    answer's reasoning. Migrated, each answer is one row with its keys, numbered as its
+    last key was; a gateway that held the task up to that number reads only what is new."""
+    previous = load_state_migrations()[:1]
+    assert previous[-1].version == 1
+
+    async def written_by_the_version_before() -> None:
+        conn = await asyncpg.connect(pg.url)
+        try:
+            await apply_migrations(conn, previous, MIGRATIONS_TABLE, MIGRATION_LOCK_KEY)
+            await conn.execute(
+                "INSERT INTO state_tasks (task, reasoning_seq, written_at) VALUES ('t', 6, now())"
+            )
+            rows = [
+                ("tool:a", 1, "reasoning_content", "qwen", "wide"),
+                ("tool:b", 2, "reasoning_content", "qwen", "wide"),
+                ("tool:c", 3, "reasoning_content", "qwen", "wide"),
+                ("text:1", 4, "reasoning_content", "qwen", "short"),
+                ("tool:a", 5, "anthropic_thinking", "qwen", "wide"),
+                ("tool:d", 6, "reasoning_content", "other", "wide"),
+            ]
+            await conn.executemany(
+                "INSERT INTO state_reasoning (task, kind, key, seq, provider, profile, data) "
+                "VALUES ('t', $3, $1, $2, 'local', $4, $5)",
+                [(k, s, kind, p, orjson.dumps(d)) for k, s, kind, p, d in rows],
+            )
+        finally:
+            await conn.close()
+
+    run_async(written_by_the_version_before)
+    [gateway] = await opened(pg.url)
+    try:
+        rows = pg.fetch("SELECT kind, keys, seq, profile FROM state_reasoning ORDER BY seq")
+        assert [(r["kind"], r["keys"], r["seq"], r["profile"]) for r in rows] == [
+            ("reasoning_content", ["tool:a", "tool:b", "tool:c"], 3, "qwen"),
+            ("reasoning_content", ["text:1"], 4, "qwen"),
+            ("anthropic_thinking", ["tool:a"], 5, "qwen"),
+            ("reasoning_content", ["tool:d"], 6, "other"),
+        ]
+        call = await gateway.reasoning.task("t")
+        wide = call.find("reasoning_content", ["tool:b"])
+        assert wide is not None and wide.data == "wide"
+        assert call.find("reasoning_content", ["tool:c"]) is wide
+        found = call.find("reasoning_content", ["tool:d"])
+        assert found is not None and found.profile == "other"
+        await gateway.keep("t", "reasoning_content", ["tool:e"], "new")
+        assert pg.fetch("SELECT max(seq) AS s FROM state_reasoning") == [{"s": 7}]
+        assert await gateway.find("t", "reasoning_content", "tool:e") == "new"
+        applied = pg.fetch(f"SELECT version FROM {MIGRATIONS_TABLE} ORDER BY version")
+        assert [r["version"] for r in applied] == [m.version for m in load_state_migrations()]
+    finally:
+        await closed([gateway])

@@ -23,7 +23,11 @@ from boundedcode_gateway.config import parse_config
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.operations.metrics import PREFIX, GatewayMetrics
 from boundedcode_gateway.policy.history_diff import GREW_ONLY
-from boundedcode_gateway.state.database import RETRY_AFTER_S, STATEMENT_TIMEOUT_S
+from boundedcode_gateway.state.database import (
+    RETRY_AFTER_S,
+    STATEMENT_TIMEOUT_S,
+    load_state_migrations,
+)
 from tests.fakes.tcp_proxy import TcpProxy
 from tests.lifespan import startup_report
 from tests.postgres.test_pg_ledger import closed_port
@@ -140,8 +144,8 @@ async def test_a_database_that_does_not_answer_is_waited_for_no_longer_than_the_
         # the pool's connections were given back clean: the database is used again
         assert await gw.history.changed("t", "agent_turn", as_messages(["s", "u"])) == GREW_ONLY
         await gw.keep("t", KIND, ["text:3"], "three")
-        rows = pg.fetch("SELECT key FROM state_reasoning ORDER BY seq")
-        assert [r["key"] for r in rows] == ["text:1", "text:3"]
+        rows = pg.fetch("SELECT keys FROM state_reasoning ORDER BY seq")
+        assert [r["keys"] for r in rows] == [["text:1"], ["text:3"]]
         assert gw.db.up
     finally:
         await closed([gw])
@@ -252,7 +256,8 @@ async def test_a_reachable_state_database_is_migrated_before_the_gateway_serves(
     app = gateway(pg.url, tmp_path, retention={"task_days": 30})
     try:
         await app.startup()
-        assert pg.fetch("SELECT version FROM state_migrations") == [{"version": 1}]
+        versions = pg.fetch("SELECT version FROM state_migrations ORDER BY version")
+        assert versions == [{"version": m.version} for m in load_state_migrations()]
         assert app.state.database is not None and app.state.database.up
     finally:
         await app.shutdown()

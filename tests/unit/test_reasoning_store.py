@@ -39,7 +39,7 @@ async def test_partial_last_line_is_skipped(tmp_path: Path) -> None:
     task.keep("reasoning_content", ["text:3"], "local", "p", "new")
     store.close()
     lines = path.read_bytes().splitlines()
-    assert orjson.loads(lines[-1])["key"] == "text:3"  # started on a fresh line
+    assert orjson.loads(lines[-1])["keys"] == ["text:3"]  # started on a fresh line
     again = await ReasoningStore(tmp_path, REASONING_FILES).task("t")
     assert again.find("reasoning_content", ["text:3"]) is not None
 
@@ -112,3 +112,68 @@ async def test_calls_without_a_task_share_the_default(tmp_path: Path) -> None:
     assert (await store.task("default")).find("reasoning_content", ["text:z"]) is not None
     assert (await store.task("other")).find("reasoning_content", ["text:z"]) is None
     store.close()
+
+
+WIDE_KEYS = [f"tool:call_{i}" for i in range(400)]
+WIDE_TEXT = "".join(f"thought {i}; " for i in range(40_000))  # about 470 KB
+
+
+def lines_of(data_dir: Path, task: str) -> list[dict[str, object]]:
+    raw = (data_dir / "tasks" / task / "local-replay.jsonl").read_bytes()
+    return [orjson.loads(line) for line in raw.splitlines() if line]
+
+
+async def test_an_answer_with_many_keys_is_one_line_and_one_item(tmp_path: Path) -> None:
+    store = ReasoningStore(tmp_path, REASONING_FILES)
+    task = await store.task("t")
+    task.keep("reasoning_content", WIDE_KEYS, "local", "qwen", WIDE_TEXT)
+    held = task.find("reasoning_content", [WIDE_KEYS[0]])
+    assert held is not None and held.keys == tuple(WIDE_KEYS)
+    # every key finds the one item: no copy of the text per key, in memory or in weight
+    assert all(task.find("reasoning_content", [k]) is held for k in WIDE_KEYS)
+    assert store._items.weight < 2 * len(WIDE_TEXT)
+    store.close()
+    [line] = lines_of(tmp_path, "t")
+    assert line["keys"] == WIDE_KEYS and line["data"] == WIDE_TEXT
+    assert (tmp_path / "tasks" / "t" / "local-replay.jsonl").stat().st_size < 2 * len(WIDE_TEXT)
+    # read back: one item again, under each key
+    again = await ReasoningStore(tmp_path, REASONING_FILES).task("t")
+    first = again.find("reasoning_content", [WIDE_KEYS[0]])
+    assert first is not None and first.data == WIDE_TEXT and first.keys == tuple(WIDE_KEYS)
+    assert all(again.find("reasoning_content", [k]) is first for k in WIDE_KEYS)
+
+
+def old_line(key: str, data: str, profile: str = "qwen") -> bytes:
+    """A line of the earlier form: one key, with its own copy of the turn's reasoning."""
+    record = {"key": key, "provider": "local", "profile": profile, "data": data}
+    return orjson.dumps(record) + b"\n"
+
+
+async def test_a_file_of_the_earlier_form_loads_with_each_text_held_once(tmp_path: Path) -> None:
+    path = tmp_path / "tasks" / "t" / "local-replay.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(
+        b"".join(old_line(k, "wide answer") for k in ["tool:a", "tool:b", "tool:c"])
+        + old_line("tool:d", "wide answer", profile="other")  # another writer: its own
+        + old_line("text:1", "short answer")
+        + old_line("tool:b", "tool b again")  # kept again later: the newer wins
+    )
+    store = ReasoningStore(tmp_path, REASONING_FILES)
+    task = await store.task("t")
+    a = task.find("reasoning_content", ["tool:a"])
+    assert a is not None and a.data == "wide answer" and a.keys == ("tool:a", "tool:b", "tool:c")
+    assert task.find("reasoning_content", ["tool:c"]) is a
+    d = task.find("reasoning_content", ["tool:d"])
+    assert d is not None and (d.profile, d.data) == ("other", "wide answer")
+    found = task.find("reasoning_content", ["text:1"])
+    assert found is not None and found.data == "short answer"
+    found = task.find("reasoning_content", ["tool:b"])
+    assert found is not None and found.data == "tool b again"
+    # a new answer after the old lines: written in the new form, and the newer wins
+    task.keep("reasoning_content", ["tool:c", "tool:e"], "local", "qwen", "new answer")
+    store.close()
+    assert lines_of(tmp_path, "t")[-1]["keys"] == ["tool:c", "tool:e"]
+    again = await ReasoningStore(tmp_path, REASONING_FILES).task("t")
+    found = again.find("reasoning_content", ["tool:c"])
+    assert found is not None and found.data == "new answer"
+    assert again.find("reasoning_content", ["tool:a"]) == a

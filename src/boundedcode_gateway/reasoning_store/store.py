@@ -8,6 +8,11 @@ so a resumed run and a restarted gateway keep them. A partial last line from a
 crash is skipped. Appends go through one background thread, so lines of
 concurrent calls never interleave and the request path never waits on disk.
 
+An answer's reasoning is one item, one line and one object in memory, whatever the
+number of keys it is found under (an answer with 400 tool calls has 400): each key of
+the task's index points at the same item. Files of the earlier form, one line a key
+each with a copy of the reasoning, still load, their copies folded into one item.
+
 This is the backend of a gateway without ``state:``; ``backend.py`` says what every
 backend offers.
 """
@@ -40,10 +45,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ReasoningItem:
-    """One turn's reasoning, as the provider wrote it, and who wrote it."""
+    """One turn's reasoning, as the provider wrote it, who wrote it, and every key it is
+    found under (keys.py)."""
 
     kind: str
-    key: str
+    keys: tuple[str, ...]
     provider: str
     profile: str
     data: Any
@@ -91,15 +97,28 @@ def _append_line(path: Path, line: bytes) -> None:
 
 
 def _read_items(path: Path, kind: str) -> list[ReasoningItem]:
-    items: list[ReasoningItem] = []
+    """The file's items, oldest first: a line is one item with its keys. Consecutive lines
+    of the earlier form (one key each) with the same writer and reasoning are one item,
+    their copies of the text dropped as they are read."""
+    # each: its keys, provider, profile, data, and whether it is of the earlier form
+    entries: list[tuple[list[str], str, str, Any, bool]] = []
     for obj in jsonl.read_objects(path):
         try:
-            items.append(
-                ReasoningItem(kind, obj["key"], obj["provider"], obj["profile"], obj["data"])
-            )
+            provider, profile, data = obj["provider"], obj["profile"], obj["data"]
+            keys = obj["keys"] if "keys" in obj else [obj["key"]]
         except KeyError:
             continue  # not a line this store wrote
-    return items
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            continue
+        old_form = "keys" not in obj
+        if old_form and entries:
+            last_keys, last_provider, last_profile, last_data, last_old = entries[-1]
+            same = last_old and (last_provider, last_profile) == (provider, profile)
+            if same and last_data == data:
+                last_keys.extend(keys)
+                continue
+        entries.append((list(keys), provider, profile, data, old_form))
+    return [ReasoningItem(kind, tuple(k), p, q, d) for k, p, q, d, _ in entries]
 
 
 Items = dict[tuple[str, str], ReasoningItem]
@@ -164,7 +183,8 @@ class ReasoningStore:
         for kind in self._files:
             path = self._path(task, kind)
             for item in _read_items(path, kind):
-                items[(kind, item.key)] = item
+                for key in item.keys:
+                    items[(kind, key)] = item
             with contextlib.suppress(OSError):
                 size += path.stat().st_size
         return items, size
@@ -174,7 +194,8 @@ class ReasoningStore:
         return None if items is None else items.get((kind, key))
 
     def put(self, task: str, item: ReasoningItem, items: Items | None = None) -> None:
-        """Keep an item in memory at once; its line reaches the file in the background.
+        """Keep an item in memory at once, under each of its keys; its one line reaches the
+        file in the background.
 
         ``items``: the task's items as a call holds them, which may be a task forgotten
         since (the file, which the next load reads, gets the line all the same).
@@ -185,11 +206,13 @@ class ReasoningStore:
             self._items.put(task, loaded)
         for held in (loaded, items):
             if held is not None:
-                held[(item.kind, item.key)] = item
+                for key in item.keys:
+                    held[(item.kind, key)] = item
+        # encoded once, however many keys: the text's size plus the keys' on the event loop
         line = (
             orjson.dumps(
                 {
-                    "key": item.key,
+                    "keys": item.keys,
                     "provider": item.provider,
                     "profile": item.profile,
                     "data": item.data,
@@ -281,9 +304,10 @@ class TaskReasoning:
         return None
 
     def keep(self, kind: str, keys: Sequence[str], provider: str, profile: str, data: Any) -> None:
-        """Store one turn's reasoning under each of its keys."""
-        for key in keys:
-            item = ReasoningItem(kind, key, provider, profile, data)
+        """Store one turn's reasoning once, found under each of its keys."""
+        unique = tuple(dict.fromkeys(keys))
+        if unique:
+            item = ReasoningItem(kind, unique, provider, profile, data)
             self._store.put(self.task, item, self._items)
 
     async def saved(self) -> None:

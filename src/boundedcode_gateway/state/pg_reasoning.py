@@ -9,6 +9,10 @@ What a call keeps is in this gateway's memory at once and written in the backgro
 the call's answer ends once it is written (``saved``). The item's JSON is stored as the
 bytes the gateway encoded, so it comes back byte for byte.
 
+An answer's reasoning is one row, with every key it is found under in an array (an
+answer with 400 tool calls: one row, one copy of the text); a later answer whose keys
+cover an earlier one's replaces that row in the same statement.
+
 When the database fails, a call goes on with the items this gateway holds, and an item
 it keeps stays in this gateway's memory only (``database.py`` counts and logs it). The
 SQL text stays in this file.
@@ -35,7 +39,7 @@ from boundedcode_gateway.state.database import StateDatabase, StateUnavailable
 # when it is not (this gateway holds none, or retention removed the task since); no row
 # when the database holds none. One row with a null seq: nothing new.
 SELECT_SINCE_SQL = """
-SELECT t.epoch, r.seq, r.kind, r.key, r.provider, r.profile, r.data
+SELECT t.epoch, r.seq, r.kind, r.keys, r.provider, r.profile, r.data
 FROM state_tasks AS t
 LEFT JOIN state_reasoning AS r
     ON r.task = t.task AND r.seq > (CASE WHEN t.epoch = $2 THEN $3 ELSE 0 END)
@@ -43,23 +47,25 @@ WHERE t.task = $1
 ORDER BY r.seq
 """
 
-# One turn's reasoning under each of its keys ($3), numbered from the task's row, which
-# the statement holds locked until it commits: the next writer of the task waits, then
-# numbers its items above these.
-INSERT_ITEMS_SQL = """
+# One turn's reasoning, found under each of its keys ($3), numbered from the task's row,
+# which the statement holds locked until it commits: the next writer of the task waits,
+# then numbers its item above this one. An earlier item of the kind whose keys are all
+# among these is found under none of them any more: it goes (a reader that did not read
+# it reads this one, numbered above it, with all its keys).
+INSERT_ITEM_SQL = """
 WITH numbered AS (
     INSERT INTO state_tasks AS t (task, reasoning_seq, written_at)
-    VALUES ($1, cardinality($3::text[]), now())
+    VALUES ($1, 1, now())
     ON CONFLICT (task) DO UPDATE
-        SET reasoning_seq = t.reasoning_seq + cardinality($3::text[]), written_at = now()
+        SET reasoning_seq = t.reasoning_seq + 1, written_at = now()
     RETURNING reasoning_seq
+), replaced AS (
+    DELETE FROM state_reasoning
+    WHERE task = $1 AND kind = $2 AND keys <@ $3::text[]
 )
-INSERT INTO state_reasoning AS r (task, kind, key, seq, provider, profile, data)
-SELECT $1, $2, k.key, numbered.reasoning_seq - cardinality($3::text[]) + k.n, $4, $5, $6
-FROM numbered, unnest($3::text[]) WITH ORDINALITY AS k(key, n)
-ON CONFLICT (task, kind, key) DO UPDATE
-    SET seq = EXCLUDED.seq, provider = EXCLUDED.provider, profile = EXCLUDED.profile,
-        data = EXCLUDED.data
+INSERT INTO state_reasoning (task, seq, kind, keys, provider, profile, data)
+SELECT $1, numbered.reasoning_seq, $2, $3::text[], $4, $5, $6
+FROM numbered
 """
 
 
@@ -90,7 +96,7 @@ async def _insert(
     data: bytes,
     conn: asyncpg.Connection,
 ) -> None:
-    await conn.execute(INSERT_ITEMS_SQL, task, kind, keys, provider, profile, data)
+    await conn.execute(INSERT_ITEM_SQL, task, kind, keys, provider, profile, data)
 
 
 class PostgresReasoningStore:
@@ -154,8 +160,10 @@ class PostgresReasoningStore:
                 value = orjson.loads(data)
             except orjson.JSONDecodeError:
                 continue  # not a row this store wrote
-            item = ReasoningItem(row["kind"], row["key"], row["provider"], row["profile"], value)
-            held.items[(item.kind, item.key)] = item
+            keys = tuple(row["keys"])
+            item = ReasoningItem(row["kind"], keys, row["provider"], row["profile"], value)
+            for key in keys:
+                held.items[(item.kind, key)] = item
             grown += len(data)
         self._grow(task, held, grown)
 
@@ -178,11 +186,13 @@ class PostgresReasoningStore:
         profile: str,
         data: Any,
     ) -> asyncio.Task[None]:
-        """Hold the items at once; write them in the background (the task returned)."""
-        encoded = orjson.dumps(data)
+        """Hold the item at once under each of its keys; write it, one row, in the background
+        (the task returned)."""
+        encoded = orjson.dumps(data)  # once, however many keys
+        item = ReasoningItem(kind, tuple(keys), provider, profile, data)
         for key in keys:
-            held.items[(kind, key)] = ReasoningItem(kind, key, provider, profile, data)
-        self._grow(task, held, len(encoded) * len(keys))
+            held.items[(kind, key)] = item
+        self._grow(task, held, len(encoded))
         insert = partial(_insert, task, kind, keys, provider, profile, encoded)
         written = asyncio.get_running_loop().create_task(self._written(insert))
         self._writes.add(written)
@@ -226,8 +236,9 @@ class PostgresTaskReasoning:
         return None
 
     def keep(self, kind: str, keys: Sequence[str], provider: str, profile: str, data: Any) -> None:
-        """Store one turn's reasoning under each of its keys (one row a key, one statement)."""
-        unique = list(dict.fromkeys(keys))  # one statement may not write a row twice
+        """Store one turn's reasoning once, found under each of its keys (one row, one
+        statement)."""
+        unique = list(dict.fromkeys(keys))
         if unique:
             written = self._store.write(
                 self.task, self._held, kind, unique, provider, profile, data

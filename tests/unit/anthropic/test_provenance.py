@@ -93,8 +93,8 @@ def test_only_this_profiles_thinking_goes_back(
             provider, profile = WRITERS[writer]
             signature = f"sig-{i}-{profile}-{provider}"
             block = {"type": "thinking", "thinking": f"t{i}", "signature": signature}
-            for key in message_keys(messages, i):
-                store.put("t", ReasoningItem(THINKING_KIND, key, provider, profile, [[0, block]]))
+            keys = tuple(message_keys(messages, i))
+            store.put("t", ReasoningItem(THINKING_KIND, keys, provider, profile, [[0, block]]))
             if (provider, profile) == ("anthropic", "claude"):
                 own.add(signature)
         upstream = AnthropicUpstream("claude", CONFIG.models["claude"], CONFIG, None)  # type: ignore[arg-type]

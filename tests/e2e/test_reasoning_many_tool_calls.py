@@ -1,0 +1,221 @@
+"""One answer with 512 KiB of reasoning and 400 tool calls, through the gateway to the fake
+llama-server: its reasoning is stored once (the replay file, or the state database, grows
+by about one copy, not one per tool call), the gateway's memory grows by far less than
+400 copies, and the next turn, on the same gateway or a restarted one, gets the reasoning
+back for its tool calls."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.e2e.conftest import Gateway, GatewayFactory
+from tests.fakes.common import Reply
+from tests.fakes.llama_server import FakeLlamaServer
+from tests.fakes.server import serve_in_thread
+from tests.postgres_db import PgDatabase
+
+TOOL_CALLS = 400
+# 512 KiB of reasoning, in words that vary (nothing a compressor or an interner could fold)
+REASONING = "".join(f"step {i} of the plan reads file f{i % 997}.py; " for i in range(15_000))[
+    : 512 * 1024
+]
+IDS = [f"call_{i:04d}" for i in range(TOOL_CALLS)]
+CALLS = [{"id": i, "name": "read_file", "arguments": {"path": f"src/{i}.py"}} for i in IDS]
+# what the gateway may grow by for the one answer (400 copies of its reasoning made it
+# grow by 200 MiB)
+GROWTH_LIMIT = 64 << 20
+TASK = "wide"
+QUESTION: list[dict[str, Any]] = [{"role": "user", "content": "Read every file."}]
+
+
+@pytest.fixture
+def llama() -> Iterator[tuple[FakeLlamaServer, str]]:
+    # a context that holds the next turn (the reasoning sent back, 400 tool results), and
+    # streamed chunks of many tokens, so the fake's own pace stays out of the way
+    fake = FakeLlamaServer(n_ctx=1 << 22, tokens_per_chunk=4096, predicted_ms_per_token=0.01)
+    with serve_in_thread(fake.app) as server:
+        yield fake, server.url
+
+
+def start(start_gateway: GatewayFactory, url: str, **settings: Any) -> Gateway:
+    profile = {"provider": "local", "external_url": url, "server": {"cache_repair": False}}
+    return start_gateway({"local": profile}, **settings)
+
+
+def _rss() -> int:
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * 4096
+
+
+class PeakRss:
+    """This process's resident size (the gateway runs in it), sampled while in the block."""
+
+    def __init__(self) -> None:
+        self.before = self.peak = 0
+        self._done = threading.Event()
+
+    def __enter__(self) -> PeakRss:
+        self.before = self.peak = _rss()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.005):
+            self.peak = max(self.peak, _rss())
+
+    def __exit__(self, *_: Any) -> None:
+        self._done.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
+
+    @property
+    def growth(self) -> int:
+        return self.peak - self.before
+
+
+def post(client: httpx.Client, gw: Gateway, messages: list[Any], stream: bool) -> dict[str, Any]:
+    """One call of the task; the answer's message (a stream's deltas put together)."""
+    body = {"model": "local", "messages": messages, "stream": stream}
+    headers = {"X-BoundedCode-Task": TASK}
+    url = gw.url + "/v1/chat/completions"
+    if not stream:
+        resp = client.post(url, json=body, headers=headers)
+        assert resp.status_code == 200, resp.text
+        message: dict[str, Any] = resp.json()["choices"][0]["message"]
+        return message
+    content, calls = "", dict[int, dict[str, str]]()
+    with client.stream("POST", url, json=body, headers=headers) as resp:
+        assert resp.status_code == 200, resp.read()
+        for line in resp.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            for choice in orjson.loads(line[6:])["choices"]:
+                delta = choice["delta"]
+                content += delta.get("content") or ""
+                for call in delta.get("tool_calls") or []:
+                    held = calls.setdefault(call["index"], {"id": "", "name": "", "args": ""})
+                    held["id"] += call.get("id") or ""
+                    function = call.get("function") or {}
+                    held["name"] += function.get("name") or ""
+                    held["args"] += function.get("arguments") or ""
+    return {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["args"]},
+            }
+            for c in calls.values()
+        ],
+    }
+
+
+def next_turn(answer: dict[str, Any]) -> list[Any]:
+    """The history a bounded-mode caller sends next: the answer without its reasoning, and
+    a result for each tool call."""
+    sent = {k: v for k, v in answer.items() if k != "reasoning_content"}
+    results = [
+        {"role": "tool", "tool_call_id": c["id"], "content": f"contents of {c['id']}"}
+        for c in answer["tool_calls"]
+    ]
+    return [*QUESTION, sent, *results]
+
+
+def reasoning_sent_back(fake: FakeLlamaServer) -> list[Any]:
+    last = [r for r in fake.requests if r.method == "POST"][-1].body["messages"]
+    return [m.get("reasoning_content") for m in last if m["role"] == "assistant"]
+
+
+def settle_files(gw: Gateway) -> None:
+    """Until the lines queued for the replay files are written."""
+    store: Any = gw.app.reasoning
+    appender = getattr(store, "_appender", None)
+    if appender is not None:
+        appender.run(lambda: None).result(30)
+
+
+def replay_bytes(gw: Gateway) -> int:
+    path = gw.data_dir / "tasks" / TASK / "local-replay.jsonl"
+    return path.stat().st_size if path.exists() else 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_one_answer_with_many_tool_calls_stores_its_reasoning_once(
+    start_gateway: GatewayFactory, llama: tuple[FakeLlamaServer, str], stream: bool
+) -> None:
+    fake, url = llama
+    gw = start(start_gateway, url)
+    fake.queue(Reply(content="", reasoning_content=REASONING, tool_calls=CALLS))
+    with httpx.Client(timeout=120) as client:
+        client.get(gw.url + "/health")  # the gateway's own first-use costs, before measuring
+        with PeakRss() as rss:
+            answer = post(client, gw, QUESTION, stream)
+            settle_files(gw)
+        grew = replay_bytes(gw)
+        print(
+            f"{'streamed' if stream else 'whole'}: replay file {grew:,} bytes, "
+            f"+{rss.growth / (1 << 20):.1f} MiB"
+        )
+        assert [c["id"] for c in answer["tool_calls"]] == IDS
+        assert len(REASONING.encode()) <= grew < 2 * len(REASONING.encode())
+        assert rss.growth < GROWTH_LIMIT, f"grew by {rss.growth / (1 << 20):.0f} MiB"
+
+        fake.queue(Reply(content="Read them all."))
+        post(client, gw, next_turn(answer), stream)
+        assert reasoning_sent_back(fake) == [REASONING]
+
+        # a restarted gateway reads the one copy back, and finds it under each tool call
+        again = start(start_gateway, url, data_dir=gw.data_dir)
+        for call_id in (IDS[0], IDS[-1]):
+            only_one = {
+                **answer,
+                "tool_calls": [c for c in answer["tool_calls"] if c["id"] == call_id],
+            }
+            fake.queue(Reply(content="Read it."))
+            post(client, again, next_turn(only_one), stream)
+            assert reasoning_sent_back(fake) == [REASONING]
+
+
+def test_one_answer_with_many_tool_calls_is_one_row_in_the_state_database(
+    pg: PgDatabase, start_gateway: GatewayFactory, llama: tuple[FakeLlamaServer, str]
+) -> None:
+    fake, url = llama
+    gw = start(start_gateway, url, state=pg.url)
+    fake.queue(Reply(content="", reasoning_content=REASONING, tool_calls=CALLS))
+    with httpx.Client(timeout=120) as client:
+        client.get(gw.url + "/health")
+        with PeakRss() as rss:
+            answer = post(client, gw, QUESTION, stream=False)
+        rows = pg.fetch(
+            "SELECT count(*) AS n, coalesce(sum(octet_length(data)), 0) AS bytes "
+            "FROM state_reasoning WHERE task = $1",
+            TASK,
+        )
+        print(
+            f"state database: {rows[0]['n']} rows, {rows[0]['bytes']:,} bytes, "
+            f"+{rss.growth / (1 << 20):.1f} MiB"
+        )
+        assert rows[0]["n"] == 1
+        assert len(REASONING.encode()) <= rows[0]["bytes"] < 2 * len(REASONING.encode())
+        assert rss.growth < GROWTH_LIMIT, f"grew by {rss.growth / (1 << 20):.0f} MiB"
+
+        # another gateway on the same database finds it under each tool call
+        other = start(start_gateway, url, state=pg.url)
+        for call_id in (IDS[0], IDS[-1]):
+            only_one = {
+                **answer,
+                "tool_calls": [c for c in answer["tool_calls"] if c["id"] == call_id],
+            }
+            fake.queue(Reply(content="Read it."))
+            post(client, other, next_turn(only_one), stream=False)
+            assert reasoning_sent_back(fake) == [REASONING]
