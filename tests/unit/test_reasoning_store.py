@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import threading
+import tracemalloc
 from multiprocessing.synchronize import Barrier as BarrierType
 from pathlib import Path
 
@@ -177,3 +178,25 @@ async def test_a_file_of_the_earlier_form_loads_with_each_text_held_once(tmp_pat
     found = again.find("reasoning_content", ["tool:c"])
     assert found is not None and found.data == "new answer"
     assert again.find("reasoning_content", ["tool:a"]) == a
+
+
+async def test_a_file_of_many_copies_loads_into_one_copy(tmp_path: Path) -> None:
+    """The earlier form of one answer of 400 tool calls: 400 lines, each a copy of its
+    reasoning (235 MB). Loaded, memory holds the text once, and the task weighs one line."""
+    path = tmp_path / "tasks" / "t" / "local-replay.jsonl"
+    path.parent.mkdir(parents=True)
+    with path.open("wb") as f:
+        for key in WIDE_KEYS:
+            f.write(old_line(key, WIDE_TEXT))
+    store = ReasoningStore(tmp_path, REASONING_FILES)
+    tracemalloc.start()
+    try:
+        items, weight = store._load("t")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # a line and its parse at a time (orjson's, about 15 lines' worth), not 400 copies
+    assert peak < 32 << 20, f"{peak:,} bytes at the most"
+    assert weight < 2 * len(WIDE_TEXT)
+    assert len({id(item) for item in items.values()}) == 1
+    assert {key for _, key in items} == set(WIDE_KEYS)

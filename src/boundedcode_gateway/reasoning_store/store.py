@@ -20,7 +20,6 @@ backend offers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
 import shutil
@@ -121,8 +120,14 @@ def _read_items(path: Path, kind: str) -> list[ReasoningItem]:
     return [ReasoningItem(kind, tuple(k), p, q, d) for k, p, q, d, _ in entries]
 
 
+def _line(item: ReasoningItem) -> bytes:
+    """The item's line in its file."""
+    record = {"keys": item.keys, "provider": item.provider, "profile": item.profile}
+    return orjson.dumps({**record, "data": item.data}) + b"\n"
+
+
 Items = dict[tuple[str, str], ReasoningItem]
-# the reasoning kept in memory over all tasks, counted as the bytes of its lines
+# the reasoning kept in memory over all tasks, counted as the bytes of its items' lines
 MAX_BYTES_IN_MEMORY = 256 * 1024 * 1024
 
 
@@ -174,20 +179,18 @@ class ReasoningStore:
         return TaskReasoning(self, task, items)
 
     def _load(self, task: str) -> tuple[Items, int]:
-        """The task's items and the bytes of their files."""
+        """The task's items and the bytes of the lines they would be: a file of the earlier
+        form holds many copies of one text, of which memory holds one."""
         if self._appender is not None:
             # lines of a task forgotten while they were queued: on disk before it is read
             self._appender.run(lambda: None).result()
         items: Items = {}
-        size = 0
         for kind in self._files:
-            path = self._path(task, kind)
-            for item in _read_items(path, kind):
+            for item in _read_items(self._path(task, kind), kind):
                 for key in item.keys:
                     items[(kind, key)] = item
-            with contextlib.suppress(OSError):
-                size += path.stat().st_size
-        return items, size
+        held = {id(item): item for item in items.values()}  # each found under a key
+        return items, sum(len(_line(item)) for item in held.values())
 
     def get(self, task: str, kind: str, key: str) -> ReasoningItem | None:
         items = self._items.peek(task)
@@ -208,18 +211,8 @@ class ReasoningStore:
             if held is not None:
                 for key in item.keys:
                     held[(item.kind, key)] = item
-        # encoded once, however many keys: the text's size plus the keys' on the event loop
-        line = (
-            orjson.dumps(
-                {
-                    "keys": item.keys,
-                    "provider": item.provider,
-                    "profile": item.profile,
-                    "data": item.data,
-                }
-            )
-            + b"\n"
-        )
+        # encoded once, however many keys: one pass over the text on the event loop
+        line = _line(item)
         if loaded is not None:
             self._items.grow(task, len(line))
         self._running_appender().append(self._path(task, item.kind), line)
