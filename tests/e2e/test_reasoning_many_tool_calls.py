@@ -1,8 +1,9 @@
 """One answer with 512 KiB of reasoning and 400 tool calls, through the gateway to the fake
-llama-server: its reasoning is stored once (the replay file, or the state database, grows
-by about one copy, not one per tool call), the gateway's memory grows by far less than
-400 copies, and the next turn, on the same gateway or a restarted one, gets the reasoning
-back for its tool calls."""
+llama-server (and to the fake Anthropic API, as thinking): its reasoning is stored once
+(the replay file, or the state database, grows by about one copy, not one per tool call),
+the gateway's memory grows by far less than 400 copies, and the next turn, on the same
+gateway, a restarted one or another on the same database, gets the reasoning back for its
+tool calls."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import orjson
 import pytest
 
 from tests.e2e.conftest import Gateway, GatewayFactory
+from tests.fakes.anthropic_api import AnthropicReply, FakeAnthropic
 from tests.fakes.common import Reply
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fakes.server import serve_in_thread
@@ -219,3 +221,49 @@ def test_one_answer_with_many_tool_calls_is_one_row_in_the_state_database(
             fake.queue(Reply(content="Read it."))
             post(client, other, next_turn(only_one), stream=False)
             assert reasoning_sent_back(fake) == [REASONING]
+
+
+ANTHROPIC_KEY = "sk-ant-test-0123456789"
+
+
+def test_one_answer_with_many_tool_uses_stores_its_thinking_once(
+    start_gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same through Anthropic's thinking blocks, which the fake refuses a tool loop
+    without: one line of 512 KiB for 400 tool uses, and the next turn passes."""
+    monkeypatch.setenv("TEST_ANTHROPIC_KEY", ANTHROPIC_KEY)
+    fake = FakeAnthropic(api_key=ANTHROPIC_KEY, context_window=1 << 22)
+    with serve_in_thread(fake.app) as server, httpx.Client(timeout=120) as client:
+        profile = {
+            "provider": "anthropic",
+            "model": "claude-sonnet-4-5",
+            "base_url": server.url + "/v1",
+            "api_key_env": "TEST_ANTHROPIC_KEY",
+            "thinking": {"budget_tokens": 2048},
+            "max_tokens": 8192,
+        }
+        gw = start_gateway({"claude": profile})
+        fake.queue(AnthropicReply(reasoning_content=REASONING, tool_calls=CALLS))
+        client.get(gw.url + "/health")
+        body = {"model": "claude", "messages": QUESTION}
+        headers = {"X-BoundedCode-Task": TASK}
+        url = gw.url + "/v1/chat/completions"
+        with PeakRss() as rss:
+            resp = client.post(url, json=body, headers=headers)
+            assert resp.status_code == 200, resp.text
+            settle_files(gw)
+        path = gw.data_dir / "tasks" / TASK / "anthropic-thinking.jsonl"
+        grew = path.stat().st_size
+        print(f"anthropic: thinking file {grew:,} bytes, +{rss.growth / (1 << 20):.1f} MiB")
+        answer = resp.json()["choices"][0]["message"]
+        assert [c["id"] for c in answer["tool_calls"]] == IDS
+        assert len(REASONING.encode()) <= grew < 2 * len(REASONING.encode())
+        assert rss.growth < GROWTH_LIMIT, f"grew by {rss.growth / (1 << 20):.0f} MiB"
+
+        fake.queue(AnthropicReply(content="Read them all."))
+        body = {"model": "claude", "messages": next_turn(answer)}
+        resp = client.post(url, json=body, headers=headers)
+        assert resp.status_code == 200, resp.text  # the thinking went back: not refused
+        sent = fake.requests.bodies("/v1/messages")[-1]["messages"]
+        [turn] = [m for m in sent if m["role"] == "assistant"]
+        assert turn["content"][0] == {**turn["content"][0], "thinking": REASONING}
