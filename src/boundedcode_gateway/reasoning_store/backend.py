@@ -23,7 +23,8 @@ class CallReasoning(Protocol):
         ...
 
     def keep(self, kind: str, keys: Sequence[str], provider: str, profile: str, data: Any) -> None:
-        """Store one turn's reasoning under each of its keys (never raises, never waits)."""
+        """Store one turn's reasoning once, found under each of its keys (never raises, never
+        waits)."""
         ...
 
     async def saved(self) -> None:
