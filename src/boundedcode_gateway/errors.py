@@ -151,6 +151,14 @@ class BodyTooLarge(GatewayError):
     default_code = "request_too_large"
 
 
+class BodiesOverBudget(GatewayError):
+    """A request body that would pass ``limits.max_reading_mib`` of bodies being read."""
+
+    status = 503
+    error_type = "server_error"
+    default_code = "server_busy"
+
+
 class BodyTooSlow(GatewayError):
     """A request body that arrived below the minimum rate, or not whole by its deadline."""
 

@@ -39,6 +39,7 @@ RESTART_ONLY: tuple[tuple[str, ...], ...] = (
     ("limits", "max_header_bytes"),
     ("limits", "max_parsing_mib"),
     ("limits", "max_connections"),
+    ("limits", "max_reading_mib"),
     ("retention",),
 )
 

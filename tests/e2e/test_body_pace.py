@@ -209,6 +209,44 @@ def test_six_slow_16_mib_bodies_are_closed_and_hold_no_memory(serving: Serving) 
     assert (peak - before) / 1024 < 64
 
 
+@pytest.fixture
+def short_deadline(tmp_path: Path) -> Iterator[Serving]:
+    yield from _serve(tmp_path, {**REVIEWED, "max_body_s": 6.0})
+
+
+def test_six_16_mib_bodies_sent_fast_then_trickled_are_bounded(short_deadline: Serving) -> None:
+    """The review's case: each sends nearly all of 16 MiB at once, then a byte a second, so
+    its average stays high; the deadline ends them, and the reading budget (48 MiB by
+    default) refuses those that would pass it, so memory stays under 64 MiB."""
+    declared = 16 * 1024 * 1024
+    before = short_deadline.rss_kib()
+    held: list[float] = [0.0] * 6
+
+    def burst_then_trickle(i: int) -> None:
+        sock = connect(short_deadline.port)
+        try:
+            sock.sendall(head("/v1/chat/completions", declared))
+            sock.sendall(b" " * (declared - 1024))
+        except OSError:
+            pass  # refused while it sent
+        held[i] = trickle(sock, 1.0, b" ", TRICKLE_FOR_S)
+        sock.close()
+
+    peak = before
+    threads = [threading.Thread(target=burst_then_trickle, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    while any(t.is_alive() for t in threads):
+        peak = max(peak, short_deadline.rss_kib())
+        time.sleep(0.05)
+    for thread in threads:
+        thread.join()
+    assert max(held) < 9.0, held  # max_body_s (6 s) after the bursts, all of them
+    assert (peak - before) / 1024 < 64, (before, peak)
+    port = short_deadline.port
+    assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+
+
 def test_a_large_body_at_a_healthy_rate_goes_through(serving: Serving) -> None:
     # 9 MiB in 64 KiB pieces at about 1 MiB/s: past the grace, above the rate throughout
     body = orjson.dumps(

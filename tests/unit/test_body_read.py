@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from boundedcode_gateway.config import LimitsSettings, parse_config
-from boundedcode_gateway.errors import BodyTooLarge, BodyTooSlow, ConfigError
-from boundedcode_gateway.ingress.body_read import BodyPace, read_request_body
+from boundedcode_gateway.errors import BodiesOverBudget, BodyTooLarge, BodyTooSlow, ConfigError
+from boundedcode_gateway.ingress.body_read import BodyPace, ReadingBudget, read_request_body
 from boundedcode_gateway.ingress.render import Message
 
 CONFIG = """\
@@ -32,6 +32,7 @@ def test_the_defaults() -> None:
     limits = LimitsSettings()
     assert (limits.body_grace_s, limits.min_body_rate_kib_s, limits.max_body_s) == (5, 64, 60)
     assert limits.max_connections == 512
+    assert limits.max_reading_bytes == 48 << 20
     assert BodyPace.of(limits) == BodyPace(5.0, 64.0 * KIB, 60.0)
 
 
@@ -44,6 +45,11 @@ def test_the_defaults() -> None:
         ("max_connections", "0", "<c>:4: limits.max_connections: Input should be greater"),
         ("max_connections", "1.5", "<c>:4: limits.max_connections: Input should be a valid"),
         ("max_body_s", "3", "<c>:2: limits: body_grace_s (5) exceeds max_body_s (3)"),
+        (
+            "max_reading_mib",
+            "16",
+            "<c>:2: limits: max_reading_mib (16) is below max_body_mib (32): a body at the",
+        ),
     ],
 )
 def test_mistakes_name_key_and_line(key: str, value: str, expected: str) -> None:
@@ -158,3 +164,31 @@ def test_a_body_over_its_deadline_is_cut_whatever_its_rate() -> None:
 def test_a_declared_length_over_the_limit_is_refused_before_reading() -> None:
     with pytest.raises(BodyTooLarge):
         asyncio.run(read_request_body(_scope(10_001), _receiving([]), 10_000, FAST))
+
+
+def test_the_budget_refuses_a_body_that_would_pass_it_and_gets_every_byte_back() -> None:
+    budget = ReadingBudget(1000)
+
+    async def both() -> None:
+        slow = [(0.0, b"x" * 600), (0.3, b"x" * 10)]
+        first = asyncio.ensure_future(
+            read_request_body(_scope(610), _receiving(slow), 10_000, FAST, budget)
+        )
+        await asyncio.sleep(0.1)
+        assert budget.reading_bytes == 600
+        with pytest.raises(BodiesOverBudget) as info:
+            await read_request_body(
+                _scope(500), _receiving([(0.0, b"y" * 500)]), 10_000, FAST, budget
+            )
+        assert (info.value.http_status, info.value.code) == (503, "server_busy")
+        assert budget.reading_bytes == 600  # the refused body counted nothing
+        assert await first == b"x" * 610
+        assert budget.reading_bytes == 0
+        # a body cut for its pace gives its bytes back as well
+        with pytest.raises(BodyTooSlow):
+            await read_request_body(
+                _scope(900), _receiving([(0.0, b"z" * 100), (3600.0, b"")]), 10_000, FAST, budget
+            )
+        assert budget.reading_bytes == 0
+
+    asyncio.run(both())

@@ -9,6 +9,10 @@ it is a ``408 request_timeout`` and the connection is closed.
 
 One timer per body, moved as bytes arrive to the moment the average would fall
 below the rate if nothing more came: no per-chunk check of the clock is needed.
+
+The pace bounds how long a body holds its bytes, not how many bodies hold them at
+once: a ``ReadingBudget`` counts the bytes of every body being read, and a body
+that would pass it is a ``503 server_busy`` (the bodies already admitted go on).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from boundedcode_gateway.config import LimitsSettings
-from boundedcode_gateway.errors import BodyTooLarge, BodyTooSlow
+from boundedcode_gateway.errors import BodiesOverBudget, BodyTooLarge, BodyTooSlow
 from boundedcode_gateway.ingress.render import Receive
 
 
@@ -43,6 +47,30 @@ class BodyPace:
         """Seconds from the start by which more than ``received`` bytes must have come
         for the average to stay at the rate (never before the grace has run)."""
         return max(self.grace_s, received / self.min_rate)
+
+
+class ReadingBudget:
+    """The bytes of request bodies being read at once (``limits.max_reading_mib``)."""
+
+    __slots__ = ("budget_bytes", "reading_bytes")
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self.reading_bytes = 0
+
+    def take(self, size: int) -> None:
+        """Count ``size`` more bytes, or refuse them (counting nothing)."""
+        if self.reading_bytes + size > self.budget_bytes:
+            raise BodiesOverBudget(
+                "The gateway is reading as many request bytes at once as "
+                f"limits.max_reading_mib ({self.budget_bytes / (1 << 20):g} MiB) allows; "
+                "try again shortly",
+                retryable=True,
+            )
+        self.reading_bytes += size
+
+    def give_back(self, size: int) -> None:
+        self.reading_bytes -= size
 
 
 def _declared_length(scope: dict[str, Any]) -> str | None:
@@ -71,10 +99,14 @@ def _too_slow(pace: BodyPace, received: int, elapsed: float, whole_s: float) -> 
 
 
 async def read_request_body(
-    scope: dict[str, Any], receive: Receive, limit: int, pace: BodyPace
+    scope: dict[str, Any],
+    receive: Receive,
+    limit: int,
+    pace: BodyPace,
+    budget: ReadingBudget | None = None,
 ) -> bytes:
     """The request body; refused with 413 as soon as it passes ``limit`` bytes, with 408
-    as soon as it falls behind ``pace``."""
+    as soon as it falls behind ``pace``, with 503 when ``budget`` cannot hold it."""
     declared = _declared_length(scope)
     length = limit
     if declared is not None and declared.isdigit():
@@ -88,6 +120,7 @@ async def read_request_body(
     whole_s = pace.deadline_s(length)
     parts: list[bytes] = []
     size = 0
+    counted = 0  # of ``budget``, given back once the body is read or refused
     timer = asyncio.timeout_at(started + min(whole_s, pace.due_s(0)))
     try:
         async with timer:
@@ -99,6 +132,9 @@ async def read_request_body(
                 size += len(chunk)
                 if size > limit:
                     raise BodyTooLarge(f"Request body exceeds the limit of {limit} bytes")
+                if budget is not None:
+                    budget.take(len(chunk))
+                    counted += len(chunk)
                 parts.append(chunk)
                 if not message.get("more_body", False):
                     return b"".join(parts)
@@ -108,3 +144,6 @@ async def read_request_body(
         if not timer.expired():
             raise
         raise _too_slow(pace, size, loop.time() - started, whole_s) from None
+    finally:
+        if budget is not None:
+            budget.give_back(counted)

@@ -22,6 +22,7 @@ from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.access.sites import check_json_body
 from boundedcode_gateway.config import LimitsSettings
 from boundedcode_gateway.errors import (
+    BodiesOverBudget,
     BodyTooLarge,
     BodyTooSlow,
     Forbidden,
@@ -41,7 +42,7 @@ from boundedcode_gateway.fronts.base import (
     TokenCounter,
 )
 from boundedcode_gateway.ingress.body import BodyParser
-from boundedcode_gateway.ingress.body_read import BodyPace, read_request_body
+from boundedcode_gateway.ingress.body_read import BodyPace, ReadingBudget, read_request_body
 from boundedcode_gateway.ingress.render import (
     Message,
     Receive,
@@ -154,6 +155,7 @@ class Router:
         ui: UiRoutes | None = None,
         fronts: Mapping[str, Front] | None = None,
         failures: FailureLog | None = None,
+        reading: ReadingBudget | None = None,
     ) -> None:
         self.service = service
         # told of a call refused before it had a record (a recorded one is seen from it)
@@ -163,6 +165,8 @@ class Router:
         self.metrics = metrics
         self.ui = ui
         self.body_parser = body_parser or BodyParser(LimitsSettings().max_parsing_bytes)
+        # the bytes of the bodies being read at once
+        self.reading = reading or ReadingBudget(LimitsSettings().max_reading_bytes)
         self.started_at = time.time()
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -213,7 +217,7 @@ class Router:
                 await send_json(send, 200, orjson.dumps(model))
             else:
                 raise NotFound(f"Unknown path: {method} {path}")
-        except (BodyTooLarge, BodyTooSlow) as exc:
+        except (BodyTooLarge, BodyTooSlow, BodiesOverBudget) as exc:
             # the rest of the body is not read: the connection cannot carry another request
             await send_error(send, exc, close=True, front=front)
         except GatewayError as exc:
@@ -328,7 +332,7 @@ class Router:
             await self._count(scope, receive, send, front, caller, max_body_bytes, pace)
             return
         try:
-            raw = await read_request_body(scope, receive, max_body_bytes, pace)
+            raw = await read_request_body(scope, receive, max_body_bytes, pace, self.reading)
             parsed: Any = await self.body_parser.parse(raw)
         except GatewayError as exc:
             self._unrecorded(front, exc)
@@ -377,7 +381,7 @@ class Router:
         """A front's token count: its request made a chat-completions body, checked as one,
         rendered and counted by the profile's upstream where it can; not a model call, so
         not recorded."""
-        raw = await read_request_body(scope, receive, max_body_bytes, pace)
+        raw = await read_request_body(scope, receive, max_body_bytes, pace, self.reading)
         parsed: Any = await self.body_parser.parse(raw)
         model = requested_model(parsed)
         if caller is not None and model is not None:
