@@ -302,7 +302,7 @@ class LimitsSettings(_Strict):
     # connections open at once; one more is answered 503 as it opens and closed
     max_connections: int = Field(default=512, ge=1)
     # bytes of request bodies being read at once, counted as they arrive; a body that
-    # would pass it is answered 503 (at least max_body_mib: one body at the limit fits)
+    # would pass it while others are read is answered 503 (one alone is always read)
     max_reading_mib: float = Field(default=48.0, gt=0)
 
     @model_validator(mode="after")
@@ -748,17 +748,6 @@ class GatewayConfig(_Strict):
     @property
     def calls_path(self) -> Path:
         return calls_path_in(self.data_path)
-
-    @field_validator("limits")
-    @classmethod
-    def _reading_fits_a_body(cls, limits: LimitsSettings, info: ValidationInfo) -> LimitsSettings:
-        max_body_mib = info.data.get("max_body_mib")
-        if isinstance(max_body_mib, float | int) and limits.max_reading_mib < max_body_mib:
-            raise ValueError(
-                f"max_reading_mib ({limits.max_reading_mib:g}) is below max_body_mib "
-                f"({max_body_mib:g}): a body at the size limit could never be read"
-            )
-        return limits
 
     @property
     def max_body_bytes(self) -> int:

@@ -45,11 +45,7 @@ def test_the_defaults() -> None:
         ("max_connections", "0", "<c>:4: limits.max_connections: Input should be greater"),
         ("max_connections", "1.5", "<c>:4: limits.max_connections: Input should be a valid"),
         ("max_body_s", "3", "<c>:2: limits: body_grace_s (5) exceeds max_body_s (3)"),
-        (
-            "max_reading_mib",
-            "16",
-            "<c>:2: limits: max_reading_mib (16) is below max_body_mib (32): a body at the",
-        ),
+        ("max_reading_mib", "0", "<c>:4: limits.max_reading_mib: Input should be greater"),
     ],
 )
 def test_mistakes_name_key_and_line(key: str, value: str, expected: str) -> None:
@@ -192,3 +188,10 @@ def test_the_budget_refuses_a_body_that_would_pass_it_and_gets_every_byte_back()
         assert budget.reading_bytes == 0
 
     asyncio.run(both())
+
+
+def test_a_body_read_alone_is_never_refused_by_the_budget() -> None:
+    budget = ReadingBudget(100)
+    pieces = [(0.0, b"x" * 80), (0.0, b"x" * 80), (0.0, b"x" * 80)]
+    raw = asyncio.run(read_request_body(_scope(240), _receiving(pieces), 10_000, FAST, budget))
+    assert len(raw) == 240 and budget.reading_bytes == 0

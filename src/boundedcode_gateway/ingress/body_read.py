@@ -12,7 +12,8 @@ below the rate if nothing more came: no per-chunk check of the clock is needed.
 
 The pace bounds how long a body holds its bytes, not how many bodies hold them at
 once: a ``ReadingBudget`` counts the bytes of every body being read, and a body
-that would pass it is a ``503 server_busy`` (the bodies already admitted go on).
+that would pass it while others are read is a ``503 server_busy`` (the bodies
+already admitted go on; one read alone always is).
 """
 
 from __future__ import annotations
@@ -58,9 +59,11 @@ class ReadingBudget:
         self.budget_bytes = budget_bytes
         self.reading_bytes = 0
 
-    def take(self, size: int) -> None:
-        """Count ``size`` more bytes, or refuse them (counting nothing)."""
-        if self.reading_bytes + size > self.budget_bytes:
+    def take(self, size: int, own: int) -> None:
+        """Count ``size`` more bytes of a body that has ``own`` counted already, or refuse
+        them (counting nothing). A body read alone is never refused: any body up to the
+        size limit can be read, whatever the budget."""
+        if self.reading_bytes + size > self.budget_bytes and self.reading_bytes > own:
             raise BodiesOverBudget(
                 "The gateway is reading as many request bytes at once as "
                 f"limits.max_reading_mib ({self.budget_bytes / (1 << 20):g} MiB) allows; "
@@ -133,7 +136,7 @@ async def read_request_body(
                 if size > limit:
                     raise BodyTooLarge(f"Request body exceeds the limit of {limit} bytes")
                 if budget is not None:
-                    budget.take(len(chunk))
+                    budget.take(len(chunk), counted)
                     counted += len(chunk)
                 parts.append(chunk)
                 if not message.get("more_body", False):
