@@ -20,6 +20,7 @@ from boundedcode_gateway.errors import ConfigError, GatewayError, internal_error
 from boundedcode_gateway.fronts.registry import fronts_by_path
 from boundedcode_gateway.fronts.sealing import Sealer
 from boundedcode_gateway.ingress.body import BodyParser
+from boundedcode_gateway.ingress.body_read import ReadingBudget
 from boundedcode_gateway.ingress.render import Receive, Send, send_error
 from boundedcode_gateway.ingress.routes import Router
 from boundedcode_gateway.live_config import (
@@ -151,7 +152,13 @@ class GatewayApp:
         )
         fronts = fronts_by_path(Sealer.in_folder(config.data_path))
         self.router = Router(
-            self.service, self.metrics, self.body_parser, ui, fronts, self.failures
+            self.service,
+            self.metrics,
+            self.body_parser,
+            ui,
+            fronts,
+            self.failures,
+            ReadingBudget(config.limits.max_reading_bytes),
         )
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None

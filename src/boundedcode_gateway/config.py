@@ -293,6 +293,35 @@ class LimitsSettings(_Strict):
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
     # request bodies over 1 MiB being parsed at once (off the loop); more wait their turn
     max_parsing_mib: float = Field(default=32.0, gt=0)
+    # a request body: once it has run body_grace_s it must have averaged at least
+    # min_body_rate_kib_s, and be whole within body_grace_s + its length at that rate
+    # (a chunked one: max_body_mib's), never later than max_body_s after it began
+    body_grace_s: float = Field(default=5.0, gt=0)
+    min_body_rate_kib_s: float = Field(default=64.0, gt=0)
+    max_body_s: float = Field(default=60.0, gt=0)
+    # connections open at once; one more is answered 503 as it opens and closed
+    max_connections: int = Field(default=512, ge=1)
+    # bytes of request bodies being read at once, counted as they arrive; a body that
+    # would pass it while others are read is answered 503 (one alone is always read)
+    max_reading_mib: float = Field(default=48.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_body_times(self) -> LimitsSettings:
+        if self.body_grace_s > self.max_body_s:
+            raise ValueError(
+                f"body_grace_s ({self.body_grace_s:g}) exceeds max_body_s "
+                f"({self.max_body_s:g}): no body could run its grace"
+            )
+        return self
+
+    @property
+    def max_reading_bytes(self) -> int:
+        return int(self.max_reading_mib * 1024 * 1024)
+
+    @property
+    def min_body_rate(self) -> float:
+        """``min_body_rate_kib_s`` in bytes a second."""
+        return self.min_body_rate_kib_s * 1024
 
     @property
     def max_parsing_bytes(self) -> int:

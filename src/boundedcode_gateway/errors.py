@@ -151,6 +151,22 @@ class BodyTooLarge(GatewayError):
     default_code = "request_too_large"
 
 
+class BodiesOverBudget(GatewayError):
+    """A request body that would pass ``limits.max_reading_mib`` of bodies being read."""
+
+    status = 503
+    error_type = "server_error"
+    default_code = "server_busy"
+
+
+class BodyTooSlow(GatewayError):
+    """A request body that arrived below the minimum rate, or not whole by its deadline."""
+
+    status = 408
+    error_type = "invalid_request_error"
+    default_code = "request_timeout"
+
+
 class BudgetExceeded(GatewayError):
     """A call that would start with a budget already spent; never resent by the gateway."""
 

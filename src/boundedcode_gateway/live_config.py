@@ -38,6 +38,8 @@ RESTART_ONLY: tuple[tuple[str, ...], ...] = (
     ("limits", "header_timeout_s"),
     ("limits", "max_header_bytes"),
     ("limits", "max_parsing_mib"),
+    ("limits", "max_connections"),
+    ("limits", "max_reading_mib"),
     ("retention",),
 )
 

@@ -22,7 +22,9 @@ from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.access.sites import check_json_body
 from boundedcode_gateway.config import LimitsSettings
 from boundedcode_gateway.errors import (
+    BodiesOverBudget,
     BodyTooLarge,
+    BodyTooSlow,
     Forbidden,
     GatewayError,
     InvalidRequest,
@@ -40,6 +42,7 @@ from boundedcode_gateway.fronts.base import (
     TokenCounter,
 )
 from boundedcode_gateway.ingress.body import BodyParser
+from boundedcode_gateway.ingress.body_read import BodyPace, ReadingBudget, read_request_body
 from boundedcode_gateway.ingress.render import (
     Message,
     Receive,
@@ -141,26 +144,6 @@ def _headers_of(scope: dict[str, Any]) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
 
-async def read_request_body(scope: dict[str, Any], receive: Receive, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it passes ``limit`` bytes."""
-    declared = _header(scope, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"Request body of {declared} bytes exceeds the limit of {limit} bytes")
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"Request body exceeds the limit of {limit} bytes")
-        parts.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(parts)
-
-
 class Router:
     """Dispatches HTTP requests to the handlers."""
 
@@ -172,6 +155,7 @@ class Router:
         ui: UiRoutes | None = None,
         fronts: Mapping[str, Front] | None = None,
         failures: FailureLog | None = None,
+        reading: ReadingBudget | None = None,
     ) -> None:
         self.service = service
         # told of a call refused before it had a record (a recorded one is seen from it)
@@ -181,6 +165,8 @@ class Router:
         self.metrics = metrics
         self.ui = ui
         self.body_parser = body_parser or BodyParser(LimitsSettings().max_parsing_bytes)
+        # the bytes of the bodies being read at once
+        self.reading = reading or ReadingBudget(LimitsSettings().max_reading_bytes)
         self.started_at = time.time()
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -213,7 +199,14 @@ class Router:
                 check_json_body(content_type)
                 calling = True
                 await self._call(
-                    scope, receive, send, front, path_task, caller, live.max_body_bytes
+                    scope,
+                    receive,
+                    send,
+                    front,
+                    path_task,
+                    caller,
+                    live.max_body_bytes,
+                    BodyPace.of(live.config.limits),
                 )
             elif path in OPERATIONS_PATHS:
                 await self._operations(send, path, caller)
@@ -224,7 +217,8 @@ class Router:
                 await send_json(send, 200, orjson.dumps(model))
             else:
                 raise NotFound(f"Unknown path: {method} {path}")
-        except BodyTooLarge as exc:
+        except (BodyTooLarge, BodyTooSlow, BodiesOverBudget) as exc:
+            # the rest of the body is not read: the connection cannot carry another request
             await send_error(send, exc, close=True, front=front)
         except GatewayError as exc:
             self._unrecorded(front, exc, told=calling)
@@ -330,14 +324,15 @@ class Router:
         path_task: str | None,
         caller: Caller | None,
         max_body_bytes: int,
+        pace: BodyPace,
     ) -> None:
         """One call in any front: its request made a chat-completions body, checked as
         one, answered, and the answer written back in the front's shape."""
         if front is not CHAT and isinstance(front, TokenCounter):
-            await self._count(scope, receive, send, front, caller, max_body_bytes)
+            await self._count(scope, receive, send, front, caller, max_body_bytes, pace)
             return
         try:
-            raw = await read_request_body(scope, receive, max_body_bytes)
+            raw = await read_request_body(scope, receive, max_body_bytes, pace, self.reading)
             parsed: Any = await self.body_parser.parse(raw)
         except GatewayError as exc:
             self._unrecorded(front, exc)
@@ -381,11 +376,12 @@ class Router:
         front: TokenCounter,
         caller: Caller | None,
         max_body_bytes: int,
+        pace: BodyPace,
     ) -> None:
         """A front's token count: its request made a chat-completions body, checked as one,
         rendered and counted by the profile's upstream where it can; not a model call, so
         not recorded."""
-        raw = await read_request_body(scope, receive, max_body_bytes)
+        raw = await read_request_body(scope, receive, max_body_bytes, pace, self.reading)
         parsed: Any = await self.body_parser.parse(raw)
         model = requested_model(parsed)
         if caller is not None and model is not None:

@@ -12,6 +12,9 @@ and its buffers for as long as the caller likes. The protocol here bounds them:
 the head must be complete within ``header_timeout_s`` of the connection's start
 (or of the request's first byte) and within ``max_header_bytes``, and a kept-alive
 connection between requests, like a body, must not stay idle for ``idle_timeout_s``.
+A body's pace is the router's (``ingress/body_read.py``), where its front is known.
+At most ``max_connections`` are open at once: one more is answered 503 and closed as
+it opens, before it can hold a head or a body.
 
 It also drops a caller that stops reading: uvicorn holds the answer's writes
 while the transport's buffer is full (``pause_writing``) and would hold them,
@@ -43,6 +46,14 @@ _HEAD_TOO_LARGE = GatewayError(
     status=431,
     error_type="invalid_request_error",
 )
+_TOO_MANY_CONNECTIONS = GatewayError(
+    "The gateway has as many connections open as limits.max_connections allows; try again shortly",
+    code="too_many_connections",
+    status=503,
+    error_type="server_error",
+)
+# connections refused for the cap are told at most this often, with their count
+CAP_LOG_EVERY_S = 10.0
 _NOT_HTTP = GatewayError(
     "The request is not valid HTTP/1.1",
     code="invalid_http_request",
@@ -125,6 +136,10 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
     header_timeout_s: ClassVar[float] = LimitsSettings().header_timeout_s
     max_header_bytes: ClassVar[int] = LimitsSettings().max_header_bytes
     idle_timeout_s: ClassVar[float] = LimitsSettings().idle_timeout_s
+    max_connections: ClassVar[int] = LimitsSettings().max_connections
+    # connections refused for the cap since the last line that told of them
+    _cap_refused: ClassVar[int] = 0
+    _cap_told_at: ClassVar[float] = float("-inf")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -145,6 +160,9 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
         loop = asyncio.get_running_loop()
         # duck-typed: everything but write/close/abort goes to the real transport
         super().connection_made(cast(asyncio.Transport, GatheringTransport(transport, loop)))
+        if len(self.connections) > self.max_connections:
+            self._refuse_over_cap()
+            return
         # a connection that never sends a request is closed like a head that never ends
         self._begin_head()
         self._arm()
@@ -248,6 +266,23 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
         else:
             self._arm()
 
+    def _refuse_over_cap(self) -> None:
+        """Answer 503 and close; told on stderr at most every ``CAP_LOG_EVERY_S`` (a flood
+        of connections would otherwise be a flood of lines, written on the loop)."""
+        cls = GatheringHttpToolsProtocol
+        cls._cap_refused += 1
+        now = self.loop.time()
+        if now - cls._cap_told_at >= CAP_LOG_EVERY_S:
+            log.warning(
+                "refused %d connection(s): %d open, limits.max_connections is %d",
+                cls._cap_refused,
+                len(self.connections) - 1,
+                self.max_connections,
+            )
+            cls._cap_refused = 0
+            cls._cap_told_at = now
+        self._refuse(_TOO_MANY_CONNECTIONS)
+
     def _refuse(self, error: GatewayError) -> None:
         self._refused = True
         self._stop_timer()
@@ -288,6 +323,7 @@ def protocol_for(
         "header_timeout_s": limits.header_timeout_s,
         "max_header_bytes": limits.max_header_bytes,
         "idle_timeout_s": limits.idle_timeout_s,
+        "max_connections": limits.max_connections,
         "write_stall_s": write_stall_s,
     }
     return type("LimitedHttpToolsProtocol", (GatheringHttpToolsProtocol,), attributes)
