@@ -167,7 +167,10 @@ def test_upstream_limits_and_call_limits_load_with_their_defaults() -> None:
     with pytest.raises(ConfigError, match=r"inference\.upstream_limits\.max_event_mib"):
         parse_config(text.replace("max_body_mib: 8", "max_event_mib: 0"), "<c>")
     # a gateway whose calls may run as long as they like says so
-    assert parse_config(text.replace("max_call_s: 900", "max_call_s: null")).inference.max_call_s is None
+    assert (
+        parse_config(text.replace("max_call_s: 900", "max_call_s: null")).inference.max_call_s
+        is None
+    )
 
 
 @pytest.mark.parametrize(
