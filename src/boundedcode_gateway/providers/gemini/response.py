@@ -113,7 +113,9 @@ class AnswerParts:
             raise MalformedResponse("Gemini sent a part that is not an object")
         if self._limit is not None:
             self._limit.take(_text_of(part.get("text")))
-            self._limit.take(_text_of(part.get("thoughtSignature")))
+            signature = part.get("thoughtSignature")
+            if isinstance(signature, str):
+                self._limit.take(signature)
         call = part.get("functionCall")
         if isinstance(call, dict):
             index = len(self.tool_calls)
