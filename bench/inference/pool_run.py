@@ -101,7 +101,9 @@ def gateway_config(data_dir: Path, settings: PoolSettings, routing: str | None) 
     if routing is not None:
         local.update(replicas=settings.servers, routing=routing)
     config = data_dir / "gateway.yaml"
-    inference = {"read_timeout_s": settings.read_timeout_s}
+    # calls queue behind a full re-evaluation for as long as the run needs: no limit on a
+    # whole call, as before the gateway had one by default
+    inference = {"read_timeout_s": settings.read_timeout_s, "max_call_s": None}
     whole = {"data_dir": str(data_dir), "inference": inference, "models": {PROFILE: local}}
     config.write_text(yaml.safe_dump(whole))
     return config

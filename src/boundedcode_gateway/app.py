@@ -380,6 +380,8 @@ def upstream_limits(settings: UpstreamLimitsSettings) -> Limits:
         body_bytes=int(settings.max_body_mib * (1 << 20)),
         inflated_bytes=int(settings.max_inflated_mib * (1 << 20)),
         event_bytes=int(settings.max_event_mib * (1 << 20)),
+        stream_bytes=int(settings.max_stream_mib * (1 << 20)),
+        captured_bytes=int(settings.max_captured_mib * (1 << 20)),
         head_bytes=int(settings.max_header_kib * (1 << 10)),
     )
 

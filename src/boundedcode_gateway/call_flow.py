@@ -50,7 +50,7 @@ from boundedcode_gateway.reasoning_store.keys import keys_for, text_of
 from boundedcode_gateway.relay import CallWatcher, StreamRelay
 from boundedcode_gateway.text import clip
 from boundedcode_gateway.upstream.http import HttpClient, read_body
-from boundedcode_gateway.upstream.metrics import CallMetrics
+from boundedcode_gateway.upstream.metrics import DEFAULT_CAPTURED_BYTES, CallMetrics
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,12 @@ class SharedState:
     watcher: CallWatcher | None = None
 
 
-def call_options(body: dict[str, Any], discard_header: bool, capture: Capture) -> RequestOptions:
+def call_options(
+    body: dict[str, Any],
+    discard_header: bool,
+    capture: Capture,
+    max_captured_bytes: int = DEFAULT_CAPTURED_BYTES,
+) -> RequestOptions:
     """What the caller asked for that changes how the answer is relayed."""
     stream = body.get("stream") is True
     stream_options = body.get("stream_options")
@@ -120,6 +125,7 @@ def call_options(body: dict[str, Any], discard_header: bool, capture: Capture) -
         capture_content=capture.content,
         capture_answer=capture.answer,
         understands_discard=stream and (discard_header or discard.body_declares(body)),
+        max_captured_bytes=max_captured_bytes,
     )
 
 
@@ -190,7 +196,8 @@ class CallFlow:
             self._keeper.call_started()
         schema = requested_schema(body)
         capture = Capture(caps.reasoning_back, schema is not None, self._keeper is not None)
-        options = call_options(body, ctx.discard_header, capture)
+        limits = self._shared.http.limits
+        options = call_options(body, ctx.discard_header, capture, limits.captured_bytes)
         body = discard.without_stream_option(body)
         self._stream = options.stream
         check_request(body, caps, upstream.name)
@@ -260,6 +267,7 @@ class CallFlow:
             recorded=self.recorded,
             secrets=self._secrets,
             max_event_bytes=self._shared.http.limits.event_bytes,
+            max_stream_bytes=self._shared.http.limits.stream_bytes,
             watcher=self._shared.watcher,
         )
         self._relay = relay

@@ -651,6 +651,13 @@ class UpstreamLimitsSettings(_Strict):
     max_inflated_mib: float = Field(default=64.0, gt=0)
     # one event of a stream (its data lines, or a line that never ends)
     max_event_mib: float = Field(default=8.0, gt=0)
+    # the whole of one streamed answer, as inflated: an answer that never ends stops here
+    # (a 256k-token answer of llama-server's chunks is about 80 MiB)
+    max_stream_mib: float = Field(default=256.0, gt=0)
+    # what the gateway keeps of one streamed answer while it streams (reasoning, content
+    # kept for a continuation or a check, held tool calls, their ids), each piece counted
+    # with 64 bytes of bookkeeping (a 128k-token answer keeps about 9 MiB)
+    max_captured_mib: float = Field(default=32.0, gt=0)
     # the status line and headers, 1xx interim responses included
     max_header_kib: float = Field(default=64.0, gt=0)
     # from the first byte of the response head to its end (the wait for that first
@@ -663,8 +670,11 @@ class InferenceSettings(_Strict):
     reasoning_history: ReasoningHistory = "auto"
     connect_timeout_s: float = Field(default=10.0, gt=0)
     read_timeout_s: float = Field(default=600.0, gt=0)
-    # the longest a call may run, retries and the whole stream included (unset: no limit)
-    max_call_s: float | None = Field(default=None, gt=0)
+    # the longest a call may run, retries and the whole stream included: an hour, which an
+    # agent's turn on slow local hardware stays under (a 32k-token prompt read at 20
+    # tokens/s and 8k tokens written at 5/s take under 55 min) and a call that never ends
+    # does not (null: no limit)
+    max_call_s: float | None = Field(default=3600.0, gt=0)
     # the longest a caller may leave a stream unread before the call is ended
     write_stall_s: float = Field(default=60.0, gt=0)
     upstream_limits: UpstreamLimitsSettings = UpstreamLimitsSettings()

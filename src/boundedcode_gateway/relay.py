@@ -41,7 +41,7 @@ from boundedcode_gateway.providers.base import (
 )
 from boundedcode_gateway.tool_call_hold import ToolCallHold
 from boundedcode_gateway.upstream.http import UpstreamResponse, iter_body
-from boundedcode_gateway.upstream.metrics import CallMetrics
+from boundedcode_gateway.upstream.metrics import CallMetrics, CaptureLimit
 from boundedcode_gateway.wire.sse import (
     DEFAULT_MAX_EVENT_BYTES,
     DONE_EVENT,
@@ -55,6 +55,9 @@ ContinueFrom = Callable[[PartialAnswer], Continuation | None]
 # how the relayed call ended: its error (None when complete), and whether the caller left
 OnEnd = Callable[[GatewayError | None, bool], None]
 
+
+# one upstream answer streams at most this much (``inference.upstream_limits.max_stream_mib``)
+DEFAULT_MAX_STREAM_BYTES = 256 << 20
 
 # a streaming call tells its watcher how far it got at most this often
 STREAMING_EVERY_MS = 500.0
@@ -95,6 +98,7 @@ class StreamRelay:
         secrets: tuple[str, ...] = (),
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         watcher: CallWatcher | None = None,
+        max_stream_bytes: int = DEFAULT_MAX_STREAM_BYTES,
     ) -> None:
         self._ctx = ctx
         self._watcher = watcher
@@ -119,8 +123,11 @@ class StreamRelay:
         self._secrets = secrets
         self._secret_forms = secret_forms(secrets)
         self._max_event_bytes = max_event_bytes
+        # the bytes one upstream answer may stream, and what it has streamed so far
+        self._max_stream_bytes = max_stream_bytes
+        self._streamed = 0
         self._resp: UpstreamResponse | None = None
-        self._translator = ToolCallHold(new_translator())
+        self._translator = self._held(new_translator())
         self._decoder = SSEDecoder(max_event_bytes)
         self._pending: deque[SSEEvent] = deque()
         self._body: AsyncIterator[bytes] | None = None
@@ -137,14 +144,18 @@ class StreamRelay:
         self._release_response()
         if continuation is None:
             self._resp = await self._attempts.open()
-            self._translator = ToolCallHold(self._new_translator())
+            self._translator = self._held(self._new_translator())
         else:
             self._resp = await self._attempts.for_request(continuation.request).open()
-            self._translator = ToolCallHold(continuation.new_translator())
+            self._translator = self._held(continuation.new_translator())
         self._decoder = SSEDecoder(self._max_event_bytes)
+        self._streamed = 0
         self._pending.clear()
         self._body = iter_body(self._resp)
         self._eof = False
+
+    def _held(self, translator: StreamTranslator) -> ToolCallHold:
+        return ToolCallHold(translator, CaptureLimit(self._options.max_captured_bytes))
 
     def _committed(self) -> bool:
         t = self._translator
@@ -164,6 +175,13 @@ class StreamRelay:
                 self._eof = True
                 self._pending.extend(self._decoder.close())
                 continue
+            self._streamed += len(chunk)
+            if self._streamed > self._max_stream_bytes:
+                raise ResponseTooLarge(
+                    "the upstream's streamed answer is larger than "
+                    "inference.upstream_limits.max_stream_mib "
+                    f"({self._max_stream_bytes / (1 << 20):g} MiB)"
+                )
             try:
                 self._pending.extend(self._decoder.feed(chunk))
             except EventTooLarge:

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from boundedcode_gateway.providers.base import PartialAnswer, StreamTranslator
-from boundedcode_gateway.upstream.metrics import CallMetrics
+from boundedcode_gateway.upstream.metrics import CallMetrics, CaptureLimit
 
 # only a chunk holding this key can carry tool calls: inside a JSON string a quote is
 # escaped, so text that names the key never matches
@@ -39,9 +39,11 @@ _HEAD_KEYS = ("id", "object", "created", "model", "system_fingerprint")
 class _HeldCall:
     """One tool call put together from its deltas."""
 
-    __slots__ = ("arguments", "fields", "function", "name")
+    __slots__ = ("arguments", "fields", "function", "limit", "name")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: CaptureLimit) -> None:
+        # the answer's: a call's arguments are kept whole until the finish, so they count
+        self.limit = limit
         # the call's own keys (id, type, an adapter's extras), first value kept
         self.fields: dict[str, Any] = {}
         # the function's keys other than its name and arguments
@@ -52,14 +54,17 @@ class _HeldCall:
     def add(self, delta: dict[str, Any]) -> None:
         for key, value in delta.items():
             if key not in ("index", "function") and self.fields.get(key) is None:
+                self.limit.take(value if isinstance(value, str) else "")
                 self.fields[key] = value
         function = delta.get("function")
         if not isinstance(function, dict):
             return
         for key, value in function.items():
             if key == "name" and isinstance(value, str):
+                self.limit.take(value)
                 self.name.append(value)
             elif key == "arguments" and isinstance(value, str):
+                self.limit.take(value)
                 self.arguments.append(value)
             elif key not in ("name", "arguments") and self.function.get(key) is None:
                 self.function[key] = value
@@ -73,10 +78,11 @@ class _HeldCall:
 class ToolCallHold:
     """A stream translator whose tool calls reach the caller whole, at the finish."""
 
-    __slots__ = ("_calls", "_head", "_inner", "_released", "content_started")
+    __slots__ = ("_calls", "_head", "_inner", "_limit", "_released", "content_started")
 
-    def __init__(self, inner: StreamTranslator) -> None:
+    def __init__(self, inner: StreamTranslator, limit: CaptureLimit | None = None) -> None:
         self._inner = inner
+        self._limit = limit or CaptureLimit()
         self._calls: dict[int, _HeldCall] = {}
         # the id, time and model of the chunk the first call came in
         self._head: dict[str, Any] = {}
@@ -154,7 +160,11 @@ class ToolCallHold:
                 continue
             index = call.get("index", 0)
             index = index if isinstance(index, int) and not isinstance(index, bool) else 0
-            self._calls.setdefault(index, _HeldCall()).add(call)
+            held = self._calls.get(index)
+            if held is None:
+                self._limit.take("")
+                held = self._calls[index] = _HeldCall(self._limit)
+            held.add(call)
 
     def _release(self) -> bytes:
         """The chunk with every held call whole."""

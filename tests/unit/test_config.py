@@ -150,9 +150,10 @@ def test_api_key_env_names_a_variable(name: str) -> None:
 
 def test_upstream_limits_and_call_limits_load_with_their_defaults() -> None:
     inference = parse_config(GOOD).inference
-    assert inference.max_call_s is None and inference.write_stall_s == 60
+    assert inference.max_call_s == 3600 and inference.write_stall_s == 60
     limits = inference.upstream_limits
     assert (limits.max_body_mib, limits.max_inflated_mib, limits.max_event_mib) == (64, 64, 8)
+    assert (limits.max_stream_mib, limits.max_captured_mib) == (256, 32)
     assert (limits.max_header_kib, limits.header_timeout_s) == (64, 10)
     text = GOOD.replace(
         "reasoning_history: auto",
@@ -165,6 +166,11 @@ def test_upstream_limits_and_call_limits_load_with_their_defaults() -> None:
     assert inference.upstream_limits.header_timeout_s == 2.5
     with pytest.raises(ConfigError, match=r"inference\.upstream_limits\.max_event_mib"):
         parse_config(text.replace("max_body_mib: 8", "max_event_mib: 0"), "<c>")
+    # a gateway whose calls may run as long as they like says so
+    assert (
+        parse_config(text.replace("max_call_s: 900", "max_call_s: null")).inference.max_call_s
+        is None
+    )
 
 
 @pytest.mark.parametrize(

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import re
+import time
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from boundedcode_gateway.policy.context_overflow import KNOWN_WORDINGS, is_context_overflow
+from boundedcode_gateway.policy import context_overflow
+from boundedcode_gateway.policy.context_overflow import (
+    CONTEXT_OVERFLOW_PATTERNS,
+    KNOWN_WORDINGS,
+    is_context_overflow,
+)
 
 # (who says it, what it says): each as the provider words it, with its numbers
 WORDINGS: list[tuple[str, str]] = [
@@ -289,3 +298,61 @@ def test_the_fallback_needs_a_number(message: str) -> None:
     # "a number of tokens present": without a digit only the table can decide
     table = any(p.search(message) for _, p in KNOWN_WORDINGS)
     assert is_context_overflow(message, None, None, 400) == table
+
+
+# -- the time a hostile message costs
+
+# messages of digit runs, in the shapes that made the fallback's token count quadratic
+ADVERSARIAL = {
+    "digits": "The prompt exceeds " + "1" * 200_000,
+    "digits and commas": "The prompt exceeds " + "1," * 100_000,
+    "commas": "The prompt exceeds 1" + "," * 200_000,
+    "digits and spaces": "The prompt exceeds " + "1 " * 100_000,
+    "repeated wording head": "input token count " * 12_000,
+}
+
+
+def _best_of(runs: int, call: Callable[[], object]) -> float:
+    """The shortest of ``runs`` timings: a loaded machine only ever adds to one."""
+    best = float("inf")
+    for _ in range(runs):
+        started = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+@pytest.mark.parametrize("length", [4_000, 100_000])
+@pytest.mark.parametrize("shape", list(ADVERSARIAL))
+def test_a_long_message_of_digit_runs_is_read_at_the_cost_of_plain_text(
+    shape: str, length: int
+) -> None:
+    # 4,000 digits held the event loop for 0.2 s, 100,000 for minutes
+    message = ADVERSARIAL[shape][:length]
+    plain = "The prompt exceeds " + "x" * (length - 19)
+    assert not is_context_overflow(message, None, None, 400)
+    took = _best_of(5, lambda: is_context_overflow(message, None, None, 400))
+    linear = _best_of(5, lambda: is_context_overflow(plain, None, None, 400))
+    assert took < 0.05, f"{took * 1000:.1f} ms"
+    assert took < 20 * linear + 0.002, f"{took * 1000:.2f} ms against {linear * 1000:.2f} ms"
+
+
+@pytest.mark.parametrize("shape", list(ADVERSARIAL))
+def test_every_pattern_is_linear_on_digit_runs(shape: str) -> None:
+    # each pattern alone, on more than the examined part of a message: 20,000 characters
+    # cost the quadratic token count about 4 s
+    message = ADVERSARIAL[shape][:20_000]
+    plain = "The prompt exceeds " + "x" * (len(message) - 19)
+    patterns = [p for p in vars(context_overflow).values() if isinstance(p, re.Pattern)]
+    patterns += CONTEXT_OVERFLOW_PATTERNS
+    for pattern in patterns:
+        took = _best_of(3, lambda: pattern.search(message))  # noqa: B023 - called at once
+        linear = _best_of(3, lambda: pattern.search(plain))  # noqa: B023
+        assert took < 20 * linear + 0.002, f"{pattern.pattern}: {took * 1000:.1f} ms"
+
+
+def test_a_wording_after_a_long_prefix_is_found_in_the_tail() -> None:
+    # a proxy's long prefix (a traceback, the request echoed) before the upstream's words
+    _, wording = WORDINGS[0]
+    assert is_context_overflow("x" * 50_000 + wording, None, None)
+    assert is_context_overflow(wording + "y" * 50_000, None, None)

@@ -53,7 +53,9 @@ KNOWN_WORDINGS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("Amazon Bedrock", re.compile(r"input is too long for (the )?requested model", _I)),
     # Gemini and Vertex AI (also its OpenAI-compatible endpoint): "The input token count (N)
     # exceeds the maximum number of tokens allowed (M)."
-    ("Gemini, Vertex AI", re.compile(r"input token count.*exceeds the maximum", _I)),
+    # (the gap is bounded: an unbounded one rescans the rest of the message from each
+    # "input token count" in it)
+    ("Gemini, Vertex AI", re.compile(r"input token count.{0,200}?exceeds the maximum", _I)),
     # SGLang, Together: "The input (61709 tokens) is longer than the model's context length
     # (40960 tokens)."
     ("SGLang, Together", re.compile(r"is longer than the model's context length", _I)),
@@ -135,7 +137,11 @@ _FALLBACK_SUBJECT = re.compile(r"\b(prompt|input|messages?|conversation|context)
 _FALLBACK_OVER = re.compile(
     r"exceed|too (long|large|many)|longer than|greater than|more than|over the limit", _I
 )
-_FALLBACK_TOKEN_COUNT = re.compile(r"\d[\d,]*\s*tokens?\b|\btokens?\b\D{0,30}\d", _I)
+# A count is matched from the start of its run of digits and commas only, and never gives
+# back what it took: tried at every digit of a long run, each try rescanning the rest
+# of it, the match was quadratic in the run's length (4,000 digits held the event loop
+# for 0.2 s, 100,000 for minutes).
+_FALLBACK_TOKEN_COUNT = re.compile(r"(?<![\d,]),*+\d[\d,]*+\s*+tokens?\b|\btokens?\b\D{0,30}\d", _I)
 # ...and none of these: a rate or quota, the answer's own limit, a size that is not tokens
 _FALLBACK_VETO = re.compile(
     r"rate.?limit|per (second|minute|hour|day)|\b[RT]P[MD]\b|quota|throttl"
@@ -145,12 +151,27 @@ _FALLBACK_VETO = re.compile(
 )
 
 
+# An overflow is said in a sentence, which a proxy may wrap in a prefix or a suffix of its
+# own: the message's first and last characters are read, not a whole body of 64 MiB (the
+# table's patterns are linear, but 35 scans of 100 KB still held the loop for 0.1 s).
+EXAMINED_HEAD = 2048
+EXAMINED_TAIL = 2048
+
+
+def examined(message: str) -> str:
+    """What of ``message`` the patterns read: all of it when short, else its head and tail."""
+    if len(message) <= EXAMINED_HEAD + EXAMINED_TAIL:
+        return message
+    return f"{message[:EXAMINED_HEAD]}\n...\n{message[-EXAMINED_TAIL:]}"
+
+
 def is_context_overflow(
     message: str, error_type: str | None, code: object, status: int | None = None
 ) -> bool:
     """True when an upstream error says the prompt does not fit the model's context."""
     if code in CONTEXT_OVERFLOW_CODES or error_type in CONTEXT_OVERFLOW_TYPES:
         return True
+    message = examined(message)
     if any(p.search(message) for p in CONTEXT_OVERFLOW_PATTERNS):
         return True
     return status == 400 and _looks_like_overflow(message)

@@ -20,7 +20,7 @@ from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.policy.structured import RequestedSchema
 from boundedcode_gateway.reasoning_store.backend import CallReasoning
 from boundedcode_gateway.upstream.capabilities import Capabilities
-from boundedcode_gateway.upstream.metrics import CallMetrics
+from boundedcode_gateway.upstream.metrics import DEFAULT_CAPTURED_BYTES, CallMetrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +39,8 @@ class RequestOptions:
     # the caller declared it drops what it showed when a discard event arrives, so a
     # broken stream may be answered again in the same response
     understands_discard: bool = False
+    # what may be kept of one streamed answer (``inference.upstream_limits.max_captured_mib``)
+    max_captured_bytes: int = DEFAULT_CAPTURED_BYTES
 
 
 @dataclass(frozen=True, slots=True)

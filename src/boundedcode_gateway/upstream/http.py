@@ -75,6 +75,10 @@ class Limits:
     inflated_bytes: int = 64 << 20
     # one event of a stream (enforced by the stream's reader, ``relay.py``)
     event_bytes: int = 8 << 20
+    # one streamed answer, as inflated (``relay.py``)
+    stream_bytes: int = 256 << 20
+    # what is kept of one streamed answer while it streams (``upstream/metrics.py``)
+    captured_bytes: int = 32 << 20
     # the status line and headers, interim responses included
     head_bytes: int = 64 << 10
 

@@ -5,6 +5,37 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from boundedcode_gateway.errors import ResponseTooLarge
+
+# what the gateway keeps of one streamed answer (``inference.upstream_limits``)
+DEFAULT_CAPTURED_BYTES = 32 << 20
+# what one kept piece costs beyond its characters: the string's header and its list slot
+PIECE_COST = 64
+
+
+class CaptureLimit:
+    """What one streamed answer may still have kept (its reasoning, text, tool calls and
+    their ids), shared by everything that keeps a piece of it; ``ResponseTooLarge`` past it.
+
+    Each piece is charged its length and ``PIECE_COST``: an answer of a million one-letter
+    pieces costs what it holds in memory, not a megabyte.
+    """
+
+    __slots__ = ("left", "limit")
+
+    def __init__(self, limit: int = DEFAULT_CAPTURED_BYTES) -> None:
+        self.limit = limit
+        self.left = limit
+
+    def take(self, piece: str) -> None:
+        self.left -= len(piece) + PIECE_COST
+        if self.left < 0:
+            raise ResponseTooLarge(
+                "the upstream's streamed answer holds more than "
+                "inference.upstream_limits.max_captured_mib "
+                f"({self.limit / (1 << 20):g} MiB) of reasoning, text and tool calls to keep"
+            )
+
 
 @dataclass(slots=True)
 class CapturedReasoning:

@@ -25,7 +25,7 @@ from boundedcode_gateway.providers.anthropic.response import (
 )
 from boundedcode_gateway.providers.base import PartialAnswer, RequestOptions
 from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, ChunkWriter, Stamps
-from boundedcode_gateway.upstream.metrics import CallMetrics
+from boundedcode_gateway.upstream.metrics import CallMetrics, CaptureLimit
 
 _NOTHING: tuple[bytes, ...] = ()
 
@@ -49,6 +49,8 @@ class AnthropicStreamTranslator:
         "_finish",
         "_forward_usage",
         "_keep_content",
+        "_limit",
+        "_pieces",
         "_secrets",
         "_stamps",
         "_tools",
@@ -74,7 +76,12 @@ class AnthropicStreamTranslator:
         self._answer = AnswerBuilder()
         # open blocks by their index: thinking blocks being assembled, tool calls
         self._blocks: dict[int, dict[str, Any]] = {}
+        # an open thinking block's deltas by field, joined at its end (a string added to
+        # at each delta is copied whole each time)
+        self._pieces: dict[int, dict[str, list[str]]] = {}
         self._tools: dict[int, _ToolBlock] = {}
+        # one limit for all this translator keeps of the answer
+        self._limit = CaptureLimit(options.max_captured_bytes)
         self._finish: str | None = None
 
     def feed(self, event: str, data: bytes) -> Sequence[bytes]:
@@ -157,10 +164,13 @@ class AnthropicStreamTranslator:
         if not isinstance(index, int) or not isinstance(block, dict):
             raise MalformedResponse("the upstream's content_block_start has no index or block")
         kind = block.get("type")
+        self._limit.take("")
         if kind in THINKING_TYPES:
             self._blocks[index] = dict(block)
+            self._pieces[index] = {}
             return _NOTHING
         if kind == "tool_use":
+            self._limit.take(str(block.get("id", "")))
             tool = _ToolBlock(
                 len(self._tools), str(block.get("id", "")), str(block.get("name", ""))
             )
@@ -190,6 +200,7 @@ class AnthropicStreamTranslator:
             fragment = delta.get("partial_json")
             if tool is None or not isinstance(fragment, str) or not fragment:
                 return _NOTHING
+            self._limit.take(fragment)
             tool.arguments.append(fragment)
             call = {"index": tool.index, "function": {"arguments": fragment}}
             return (self._out().delta({"tool_calls": [call]}),)
@@ -198,18 +209,23 @@ class AnthropicStreamTranslator:
             return _NOTHING
         if kind == "thinking_delta":
             piece = str(delta.get("thinking", ""))
-            block["thinking"] = str(block.get("thinking", "")) + piece
+            self._keep(index, "thinking", piece)
             if not piece:
                 return _NOTHING
             self.content_started = True
             return (self._out().delta({"reasoning_content": piece}),)
         if kind == "signature_delta":
-            block["signature"] = str(block.get("signature", "")) + str(delta.get("signature", ""))
+            self._keep(index, "signature", str(delta.get("signature", "")))
         return _NOTHING
+
+    def _keep(self, index: Any, field: str, piece: str) -> None:
+        self._limit.take(piece)
+        self._pieces[index].setdefault(field, []).append(piece)
 
     def _text(self, text: str) -> Sequence[bytes]:
         if not text:
             return _NOTHING
+        self._limit.take(text)
         self.content_started = True
         self._answer.add_text(text)
         return (self._out().delta({"content": text}),)
@@ -220,6 +236,8 @@ class AnthropicStreamTranslator:
             return _NOTHING
         block = self._blocks.pop(index, None)
         if block is not None:
+            for field, pieces in self._pieces.pop(index, {}).items():
+                block[field] = str(block.get(field, "")) + "".join(pieces)
             self._answer.add_thinking(index, block)
             return _NOTHING
         tool = self._tools.get(index)

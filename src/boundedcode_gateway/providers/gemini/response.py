@@ -28,7 +28,7 @@ from boundedcode_gateway.providers.upstream_errors import (
     error_from_text,
     upstream_error,
 )
-from boundedcode_gateway.upstream.metrics import CallMetrics
+from boundedcode_gateway.upstream.metrics import CallMetrics, CaptureLimit
 
 # Gemini's finishReason → OpenAI's finish_reason ("stop" becomes "tool_calls" with calls)
 FINISH_REASONS = {
@@ -87,10 +87,20 @@ def read_usage(usage: Any, metrics: CallMetrics) -> None:
 class AnswerParts:
     """The answer so far: text, thoughts, function calls and signatures, part by part."""
 
-    __slots__ = ("_content", "_native_ids", "_reasoning", "_stamps", "signatures", "tool_calls")
+    __slots__ = (
+        "_content",
+        "_limit",
+        "_native_ids",
+        "_reasoning",
+        "_stamps",
+        "signatures",
+        "tool_calls",
+    )
 
-    def __init__(self, stamps: Stamps = SYSTEM_STAMPS) -> None:
+    def __init__(self, stamps: Stamps = SYSTEM_STAMPS, limit: CaptureLimit | None = None) -> None:
         self._stamps = stamps
+        # a streamed answer's (a whole one is bounded by the size of its body)
+        self._limit = limit
         self._content: list[str] = []
         self._reasoning: list[str] | None = None
         self.tool_calls: list[dict[str, Any]] = []
@@ -101,6 +111,11 @@ class AnswerParts:
         """Take one part; return its OpenAI delta, or None when it shows nothing."""
         if not isinstance(part, dict):
             raise MalformedResponse("Gemini sent a part that is not an object")
+        if self._limit is not None:
+            self._limit.take(_text_of(part.get("text")))
+            signature = part.get("thoughtSignature")
+            if isinstance(signature, str):
+                self._limit.take(signature)
         call = part.get("functionCall")
         if isinstance(call, dict):
             index = len(self.tool_calls)
@@ -126,6 +141,8 @@ class AnswerParts:
             call_id = self._stamps.tool_call_id()
         args = call.get("args")
         arguments = orjson.dumps(args if isinstance(args, dict) else {}).decode()
+        if self._limit is not None:
+            self._limit.take(arguments)
         entry = tool_call(call_id, str(call.get("name", "")), arguments)
         self.tool_calls.append(entry)
         return entry
@@ -149,6 +166,10 @@ class AnswerParts:
             metrics.captured = self.signatures.captured(ids, self.text, self._native_ids)
         if options.capture_content:
             metrics.answer_text = self.text
+
+
+def _text_of(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def first_candidate(obj: dict[str, Any]) -> dict[str, Any] | None:

@@ -24,7 +24,7 @@ from boundedcode_gateway.providers.gemini.response import (
     read_usage,
 )
 from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, ChunkWriter, Stamps
-from boundedcode_gateway.upstream.metrics import CallMetrics
+from boundedcode_gateway.upstream.metrics import CallMetrics, CaptureLimit
 
 _NOTHING: tuple[bytes, ...] = ()
 
@@ -60,7 +60,7 @@ class GeminiStreamTranslator:
         self._model = model
         self._secrets = secrets
         self._stamps = stamps
-        self._answer = AnswerParts(stamps)
+        self._answer = AnswerParts(stamps, CaptureLimit(options.max_captured_bytes))
         self._writer: ChunkWriter | None = None
 
     def feed(self, event: str, data: bytes) -> Sequence[bytes]:

@@ -28,7 +28,7 @@ from boundedcode_gateway.providers.openai_compat.mapping import (
     read_progress,
 )
 from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, Stamps
-from boundedcode_gateway.upstream.metrics import CallMetrics, CapturedReasoning
+from boundedcode_gateway.upstream.metrics import CallMetrics, CapturedReasoning, CaptureLimit
 from boundedcode_gateway.wire.sse import DONE
 
 _NOTHING: tuple[bytes, ...] = ()
@@ -39,9 +39,15 @@ class _AnswerText:
     """The text, reasoning and tool-call ids of a streamed answer, for the reasoning store
     (and, when asked, its tool calls whole, for the cache keeper)."""
 
-    __slots__ = ("calls", "content", "ids", "reasoning")
+    __slots__ = ("calls", "content", "ids", "limit", "reasoning")
 
-    def __init__(self, before: PartialAnswer | None = None, whole_calls: bool = False) -> None:
+    def __init__(
+        self,
+        limit: CaptureLimit,
+        before: PartialAnswer | None = None,
+        whole_calls: bool = False,
+    ) -> None:
+        self.limit = limit
         self.content: list[str] = [before.content] if before else []
         self.reasoning: list[str] | None = (
             [before.reasoning] if before and before.reasoning else None
@@ -54,14 +60,20 @@ class _AnswerText:
         delta = choice.get("delta")
         if not isinstance(delta, dict):
             return
-        if isinstance(delta.get("content"), str):
-            self.content.append(delta["content"])
-        if isinstance(delta.get("reasoning_content"), str):
+        take = self.limit.take
+        content = delta.get("content")
+        if isinstance(content, str):
+            take(content)
+            self.content.append(content)
+        reasoning = delta.get("reasoning_content")
+        if isinstance(reasoning, str):
+            take(reasoning)
             if self.reasoning is None:
                 self.reasoning = []
-            self.reasoning.append(delta["reasoning_content"])
+            self.reasoning.append(reasoning)
         for call in delta.get("tool_calls") or ():
             if isinstance(call, dict) and isinstance(call.get("id"), str):
+                take(call["id"])
                 self.ids.append(call["id"])
             if self.calls is not None and isinstance(call, dict):
                 self._add_call(call)
@@ -69,15 +81,21 @@ class _AnswerText:
     def _add_call(self, call: dict[str, Any]) -> None:
         assert self.calls is not None
         index = call.get("index", 0)
-        parts = self.calls.setdefault(index if isinstance(index, int) else 0, ["", ""])
+        index = index if isinstance(index, int) else 0
+        parts = self.calls.get(index)
+        if parts is None:
+            self.limit.take("")
+            parts = self.calls[index] = ["", ""]
         function = call.get("function")
         if not isinstance(function, dict):
             function = {}
         if isinstance(call.get("id"), str):
             parts[0] = call["id"]
         if isinstance(function.get("name"), str):
+            self.limit.take(function["name"])
             parts[1] += function["name"]
         if isinstance(function.get("arguments"), str):
+            self.limit.take(function["arguments"])
             parts.append(function["arguments"])
 
     def message(self) -> dict[str, Any]:
@@ -116,6 +134,7 @@ class OpenAIStreamTranslator:
         "_keep_answer",
         "_keep_content",
         "_keep_shown",
+        "_limit",
         "_opened",
         "_secrets",
         "_stamps",
@@ -151,8 +170,12 @@ class OpenAIStreamTranslator:
         self._keep_answer = options.capture_answer
         self._keep_shown = keep_shown
         self._continuing = continuing
+        # one limit for all this translator keeps of the answer
+        self._limit = CaptureLimit(options.max_captured_bytes)
         keep_text = self._capture or keep_shown or continuing or options.capture_answer
-        self._text = _AnswerText(continuing, options.capture_answer) if keep_text else None
+        self._text = (
+            _AnswerText(self._limit, continuing, options.capture_answer) if keep_text else None
+        )
         # the first chunk's id and time, kept with the text
         self._first: tuple[str | None, int | None] | None = None
         # whether the caller has been given the answer's role yet (a continuation's was)
@@ -273,6 +296,7 @@ class OpenAIStreamTranslator:
             function = call.get("function")
             arguments = function.get("arguments") if isinstance(function, dict) else None
             if index not in self._tool_args:
+                self._limit.take("")  # one more call: a stream of new indexes is bounded too
                 self._tool_args[index] = 0
                 changed = complete_tool_call_head(call, self._stamps) or changed
             self._tool_args[index] += len(arguments) if isinstance(arguments, str) else 0
