@@ -653,3 +653,41 @@ def test_where_the_template_takes_one_system_message_it_is_folded_and_the_cache_
     with httpx.Client(base_url=gw.url) as http:
         caps = http.get("/v1/models/local").json()["capabilities"]
     assert caps["system_messages"] == "folded"
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [
+        pytest.param("bcg1.\u00e9t\u00e9", id="latin-1"),
+        pytest.param("\u043a\u043b\u044e\u0447", id="cyrillic"),
+        pytest.param("bcg1.\u202eevil", id="bidi-override"),
+        pytest.param("bcg1." + "\U0001f600" * 2000, id="long-emoji"),
+    ],
+)
+def test_a_signature_outside_ascii_is_an_unverified_block(
+    http: httpx.Client, gateway: Gateway, upstreams: Upstreams, signature: str
+) -> None:
+    """A thinking block whose signature the gateway cannot have made, whatever its
+    characters, is dropped as a foreign one is: the call is answered and recorded."""
+    upstreams.llama.queue(Reply(content="ok"))
+    thinking = {
+        "type": "thinking",
+        "thinking": "I will read it, \u00e9l\u00e8ve.",
+        "signature": signature,
+    }
+    body = {
+        "model": "local",
+        "max_tokens": 50,
+        "messages": [
+            *ASK,
+            {"role": "assistant", "content": [thinking, {"type": "text", "text": "Done."}]},
+            {"role": "user", "content": "And now?"},
+        ],
+    }
+    resp = http.post("/tasks/odd-signature/v1/messages", json=body, headers=VERSION)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["content"] == [{"type": "text", "text": "ok"}], resp.text
+    # nothing of the block reached the model: it is not the gateway's
+    assert _sent_reasoning(upstreams) == [[None]]
+    (call,) = gateway.calls()
+    assert (call["task"], call["status"], call["http_status"]) == ("odd-signature", "ok", 200)

@@ -361,6 +361,11 @@ class Router:
         except GatewayError as exc:
             self._rejected(front, ctx, asked, exc)
             raise
+        except Exception as exc:
+            # a fault in a front's reading of the request: a 500, recorded as the call's
+            error = internal_error(ctx.call_id)
+            self._rejected(front, ctx, asked, error)
+            raise error from exc
         await self._answer(receive, send, ctx, body, call)
 
     def _rejected(
