@@ -24,12 +24,14 @@ ADMIN_KEY = new_key()
 FORGED = "2026-12-01 00:00:00,000 INFO boundedcode_gateway: FORGED admin login"
 
 
-def raw_request(port: int, method: str, path: str, headers: list[tuple[str, bytes]]) -> bytes:
+def raw_request(
+    port: int, method: str, path: str, headers: list[tuple[str, bytes]], body: bytes = b""
+) -> bytes:
     """One request written byte for byte (no client library to clean its path or headers)."""
     head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n"
     data = head.encode() + b"".join(k.encode() + b": " + v + b"\r\n" for k, v in headers)
     with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
-        conn.sendall(data + b"\r\n")
+        conn.sendall(data + b"\r\n" + body)
         answer = b""
         while chunk := conn.recv(65536):
             answer += chunk
@@ -91,6 +93,30 @@ def test_non_ascii_credentials_are_401_and_a_line_break_in_a_path_forges_no_log_
                     [("Authorization", b"Bearer " + ADMIN_KEY.encode())],
                 ),
             }
+            key = b"Bearer " + ADMIN_KEY.encode()
+            other_headers = {
+                name: raw_request(
+                    port,
+                    "POST",
+                    "/v1/messages",
+                    [
+                        ("Authorization", key),
+                        ("anthropic-version", b"2023-06-01"),
+                        ("Content-Type", b"application/json"),
+                        ("Content-Length", b"2"),
+                        (name, b"\xe9\xff"),
+                    ],
+                    b"{}",
+                )
+                for name in (
+                    "Origin",
+                    "x-api-key",
+                    "X-BoundedCode-Task",
+                    "X-BoundedCode-Purpose",
+                    "anthropic-version",
+                    "anthropic-beta",
+                )
+            }
         finally:
             proc.send_signal(signal.SIGTERM)
             output = proc.communicate(timeout=30)[0].decode(errors="replace")
@@ -103,6 +129,9 @@ def test_non_ascii_credentials_are_401_and_a_line_break_in_a_path_forges_no_log_
         "chat": 401,
         "unknown path": 404,
     }, output
+    # any other header outside ASCII is refused (or ignored) in the same words
+    others = {name: status_of(answer) for name, answer in other_headers.items()}
+    assert all(400 <= status < 500 for status in others.values()), others
     assert b"basic realm=" in answers["basic latin-1"].lower(), answers["basic latin-1"]
     assert "Traceback" not in output and "internal error" not in output, output
     # whatever the gateway wrote of those paths, none of it begins a line
