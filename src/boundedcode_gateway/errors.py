@@ -37,6 +37,8 @@ from typing import Any, ClassVar
 
 import orjson
 
+from boundedcode_gateway.text import clip, printable
+
 log = logging.getLogger(__name__)
 
 
@@ -235,8 +237,10 @@ def internal_error(where: str) -> InternalError:
     where to look (``where``: the call id, or the request line), never the fault's
     own text, which may hold anything.
     """
-    log.exception("internal error in %s", where)
-    return InternalError(f"The gateway failed on {where}; its log has the details")
+    # a request line holds what the caller chose: a decoded %0a would start a log line
+    shown = printable(clip(where))
+    log.exception("internal error in %s", shown)
+    return InternalError(f"The gateway failed on {shown}; its log has the details")
 
 
 class ProxyRefused(UpstreamFailure):

@@ -163,6 +163,46 @@ class GatewayService:
             answer.deadline = deadline
         return answer
 
+    async def count_tokens(self, ctx: CallContext, body: dict[str, Any]) -> int:
+        """The prompt tokens of one validated chat-completions body, as its profile's server
+        renders and counts them; held to the caller's and the task's budgets as a call is,
+        and recorded (its purpose ``token_count``, no tokens spent: nothing is generated)."""
+        model: str = body["model"]
+        route = self.live.routes.get(model)
+        on_submit = None
+        if route is not None:
+            route.enter()
+            on_submit = route.leave
+        # no price: a count spends nothing a budget or a bill counts
+        meter = Meter(self._writer, ctx, model, len(body["messages"]), None, on_submit)
+        _resolved(meter, route)
+        try:
+            if route is None:
+                raise ModelNotFound(
+                    f"The model '{clip(model)}' does not exist on this gateway", param="model"
+                )
+            if self._budgets is not None:
+                self._budgets.check(ctx)
+            meter.record.attempts = 1
+            tokens = await route.upstream.count_tokens(body)
+            if tokens is None:
+                raise _count_not_supported(model)
+        except GatewayError as exc:
+            meter.error(exc)
+            await meter.recorded()
+            raise
+        except asyncio.CancelledError:
+            meter.cancelled()
+            raise
+        except Exception as exc:
+            error = internal_error(ctx.call_id)
+            meter.error(error)
+            await meter.recorded()
+            raise error from exc
+        meter.ok()
+        await meter.recorded()
+        return tokens
+
     def _deadline(self, ctx: CallContext) -> CallDeadline | None:
         """``inference.max_call_s`` from the call's start (its body read included)."""
         max_call_s = self.live.config.inference.max_call_s
@@ -235,6 +275,19 @@ class GatewayService:
     def structured_output_refused(self, upstream: Upstream) -> bool:
         """Whether this profile's upstream refused a schema in its form (for the process's life)."""
         return (upstream.name, upstream.schema_form) in self._shared.schema_refused
+
+
+def _count_not_supported(model: str) -> GatewayError:
+    exc = GatewayError(
+        f"Counting tokens is not available for the model '{clip(model)}': "
+        "only a profile served by llama.cpp counts them",
+        status=501,
+        error_type="not_supported_error",
+        code="not_supported",
+    )
+    # not a failure a resend can cure
+    exc.headers["x-should-retry"] = "false"
+    return exc
 
 
 def _resolved(meter: Meter, route: Route | None) -> None:

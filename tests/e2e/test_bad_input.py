@@ -259,3 +259,35 @@ def test_upstream_auth_error_never_shows_the_key(
     gw.calls()
     assert wrong not in log.read_text()
     assert gw.calls()[0]["http_status"] == 401
+
+
+@pytest.mark.parametrize("purpose", ["cache_repair", "token_count"])
+def test_a_purpose_of_the_gateways_own_is_refused(
+    gateway: Gateway, http: httpx.Client, upstreams: Upstreams, purpose: str
+) -> None:
+    """A caller's call cannot pass for the gateway's own work (its cache repairs, its
+    records of token counts) on the page, in the report or in the metrics."""
+    headers = {"X-BoundedCode-Purpose": purpose}
+    chat = post(http, {"model": "local", "messages": HELLO}, **headers)
+    err = error_of(chat, 400, "invalid_purpose")
+    assert err["param"] == "X-BoundedCode-Purpose" and f"'{purpose}'" in err["message"]
+    messages = post(
+        http,
+        {"model": "local", "max_tokens": 10, "messages": HELLO},
+        "/v1/messages",
+        **{**headers, "anthropic-version": "2023-06-01"},
+    )
+    assert messages.status_code == 400
+    assert messages.json()["error"]["type"] == "invalid_request_error"
+    assert f"'{purpose}'" in messages.json()["error"]["message"]
+    responses = post(http, {"model": "local", "input": "hello"}, "/v1/responses", **headers)
+    assert responses.status_code == 400
+    assert responses.json()["error"]["code"] == "invalid_purpose"
+    assert not [r for r in upstreams.llama.requests if r.path == "/v1/chat/completions"]
+    # each refusal is recorded, under a caller's purpose, never the one it asked for
+    calls = gateway.calls(repairs=True)
+    assert [(c["front"], c["purpose"], c["http_status"]) for c in calls] == [
+        ("chat", "agent_turn", 400),
+        ("messages", "agent_turn", 400),
+        ("responses", "agent_turn", 400),
+    ]

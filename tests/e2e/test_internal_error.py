@@ -150,3 +150,30 @@ def test_a_fault_outside_a_call(gateway: Gateway, monkeypatch: pytest.MonkeyPatc
     assert resp.status_code == 500
     assert resp.headers["content-type"] == "application/json"
     assert_internal_error(orjson.loads(resp.content))
+
+
+def test_a_fault_in_a_fronts_reading_of_a_request(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in how a front reads its request is a 500 in its own shape, recorded."""
+    front = gateway.app.router.fronts["/v1/messages"]
+
+    def open_with_a_bug(parsed: Any, headers: Any) -> None:
+        raise Bug("a bug in a front")
+
+    monkeypatch.setattr(front, "open", open_with_a_bug)
+    resp = httpx.post(
+        gateway.url + "/v1/messages",
+        timeout=10,
+        headers={"anthropic-version": "2023-06-01"},
+        json={"model": "gpt", "max_tokens": 10, "messages": ASK},
+    )
+    assert resp.status_code == 500
+    error = resp.json()["error"]
+    assert error["type"] == "api_error" and "a bug in" not in error["message"]
+    call = gateway.calls()[0]
+    assert (call["front"], call["http_status"], call["error_code"]) == (
+        "messages",
+        500,
+        "internal_error",
+    )

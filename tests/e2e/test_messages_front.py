@@ -15,6 +15,7 @@ import pytest
 from anthropic.types import Message
 
 from boundedcode_gateway.access.keys import key_digest, new_key
+from boundedcode_gateway.access.tokens import mint_task_token
 from tests.e2e.conftest import Gateway, GatewayFactory, Upstreams
 from tests.fakes.common import Reply
 
@@ -446,7 +447,13 @@ def test_count_tokens_is_the_prompt_the_server_reads(
         message.usage.cache_read_input_tokens or 0
     )
     assert counted.input_tokens > 20
-    assert len(gateway.calls()) == 1  # the count is not a model call
+    # the count is recorded as one, not as a model call: nothing generated, nothing spent
+    count, call = gateway.calls()
+    assert (count["purpose"], count["front"], count["status"]) == ("token_count", "messages", "ok")
+    assert (count["http_status"], count["attempts"], count["model_profile"]) == (200, 1, "local")
+    assert count["prompt_tokens"] is None and count["cost_usd"] is None
+    assert count["completion_tokens"] is None and count["messages"] == 2
+    assert call["purpose"] == "agent_turn"
     with pytest.raises(anthropic.APIStatusError) as refused:
         client.messages.count_tokens(model="gpt", messages=ASK)
     assert refused.value.status_code == 501
@@ -653,3 +660,95 @@ def test_where_the_template_takes_one_system_message_it_is_folded_and_the_cache_
     with httpx.Client(base_url=gw.url) as http:
         caps = http.get("/v1/models/local").json()["capabilities"]
     assert caps["system_messages"] == "folded"
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [
+        pytest.param("bcg1.\u00e9t\u00e9", id="latin-1"),
+        pytest.param("\u043a\u043b\u044e\u0447", id="cyrillic"),
+        pytest.param("bcg1.\u202eevil", id="bidi-override"),
+        pytest.param("bcg1." + "\U0001f600" * 2000, id="long-emoji"),
+    ],
+)
+def test_a_signature_outside_ascii_is_an_unverified_block(
+    http: httpx.Client, gateway: Gateway, upstreams: Upstreams, signature: str
+) -> None:
+    """A thinking block whose signature the gateway cannot have made, whatever its
+    characters, is dropped as a foreign one is: the call is answered and recorded."""
+    upstreams.llama.queue(Reply(content="ok"))
+    thinking = {
+        "type": "thinking",
+        "thinking": "I will read it, \u00e9l\u00e8ve.",
+        "signature": signature,
+    }
+    body = {
+        "model": "local",
+        "max_tokens": 50,
+        "messages": [
+            *ASK,
+            {"role": "assistant", "content": [thinking, {"type": "text", "text": "Done."}]},
+            {"role": "user", "content": "And now?"},
+        ],
+    }
+    resp = http.post("/tasks/odd-signature/v1/messages", json=body, headers=VERSION)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["content"] == [{"type": "text", "text": "ok"}], resp.text
+    # nothing of the block reached the model: it is not the gateway's
+    assert _sent_reasoning(upstreams) == [[None]]
+    (call,) = gateway.calls()
+    assert (call["task"], call["status"], call["http_status"]) == ("odd-signature", "ok", 200)
+
+
+SECRET_ENV = "TEST_MESSAGES_TOKEN_SECRET"
+TOKEN_SECRET = "the-token-secret-of-the-messages-tests-0123"
+
+
+def tokenizing(upstreams: Upstreams) -> int:
+    """How many prompts the local server was asked to tokenize so far."""
+    return [r.path for r in upstreams.llama.cache_requests].count("/tokenize")
+
+
+def test_count_tokens_is_held_to_the_calls_task_scope_and_budget(
+    upstreams: Upstreams, start_gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A count is refused where the call itself would be: another task than its token's
+    (403), a budget spent (429); and it is recorded under the token's task either way."""
+    monkeypatch.setenv(SECRET_ENV, TOKEN_SECRET)
+    gw = start_gateway(upstreams.profiles, auth={"token_secret_env": SECRET_ENV})
+    token = mint_task_token(TOKEN_SECRET, task="t-a", models=["local"], ttl_s=600)
+    spent = mint_task_token(TOKEN_SECRET, task="t-a", models=["local"], ttl_s=600, budget_tokens=10)
+    params: dict[str, Any] = {"model": "local", "messages": ASK}
+    own = sdk(gw, base="/tasks/t-a", api_key=None, auth_token=token)
+    assert own.messages.count_tokens(**params).input_tokens > 0
+    tokenized = tokenizing(upstreams)
+    other = sdk(gw, base="/tasks/t-b", api_key=None, auth_token=token)
+    with pytest.raises(anthropic.PermissionDeniedError) as mismatch:
+        other.messages.count_tokens(**params)
+    assert "'t-a'" in mismatch.value.body["error"]["message"]  # type: ignore[index]
+    # as the call itself is
+    with pytest.raises(anthropic.PermissionDeniedError):
+        other.messages.create(max_tokens=10, **params)
+    assert tokenizing(upstreams) == tokenized  # the refused count reached no server
+    # a budget spent by a call refuses the count that follows
+    upstreams.llama.queue(Reply(content="ok"))
+    spender = sdk(gw, api_key=None, auth_token=spent)
+    spender.messages.create(max_tokens=50, **params)
+    gw.settle()
+    tokenized = tokenizing(upstreams)
+    with pytest.raises(anthropic.RateLimitError) as over:
+        spender.messages.count_tokens(**params)
+    assert "Budget exceeded" in over.value.body["error"]["message"]  # type: ignore[index]
+    assert over.value.response.headers["x-should-retry"] == "false"
+    assert tokenizing(upstreams) == tokenized
+    records = [(c["task"], c["purpose"], c["http_status"], c["error_code"]) for c in gw.calls()]
+    assert records == [
+        ("t-a", "token_count", 200, None),
+        ("t-a", "token_count", 403, "task_mismatch"),
+        ("t-a", "agent_turn", 403, "task_mismatch"),
+        ("t-a", "agent_turn", 200, None),
+        ("t-a", "token_count", 429, "budget_exceeded"),
+    ]
+    # and a count spends nothing: the token's budget is what the call alone spent
+    count_rows = [r for r in gw.ledger_rows() if r["purpose"] == "token_count"]
+    assert all(r["prompt_tokens"] is None and r["cost_usd"] is None for r in count_rows)

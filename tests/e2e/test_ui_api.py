@@ -391,6 +391,38 @@ def test_a_managed_servers_state_follows_its_process(
     assert back["restarts"] == 1 and back["pid"] != ready["pid"]
 
 
+def test_a_managed_servers_flags_are_shown_without_its_tokens(
+    tmp_path: Path, start_gateway: GatewayFactory
+) -> None:
+    """A token given to the server on its command line (``-hft`` for a private ``-hf``
+    model) is not on the page, nor anywhere the gateway answers with the server."""
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    token = "hf_" + new_key()[4:]
+    extra = ["-hft", token, f"--hf-token={token}", f"--mmproj-url=https://{token}@hf.example/p"]
+    profile = {
+        "provider": "local",
+        "model_path": str(model),
+        "server": {"cache_repair": False, "extra_args": extra},
+    }
+    gw = start_gateway({"managed": profile}, llama_server_bin=str(write_binary(tmp_path)))
+    deadline = time.monotonic() + 20
+    with httpx.Client(base_url=gw.url, timeout=10) as http:
+        while True:
+            page = http.get("/ui/api/models")
+            (shown,) = page.json()["models"][0]["servers"]
+            if shown["state"] == "ready":
+                break
+            assert time.monotonic() < deadline, shown
+            time.sleep(0.05)
+        retrieved = http.get("/v1/models/managed")
+    argv = shown["argv"]
+    assert argv[argv.index("-hft") + 1] == "***" and "--hf-token=***" in argv
+    assert "--mmproj-url=https://***@hf.example/p" in argv
+    assert token not in page.text and token not in retrieved.text
+    assert retrieved.json()["servers"] == [{"name": "managed", "state": "ready"}]
+
+
 def test_a_managed_server_that_never_starts_is_shown_failed(
     tmp_path: Path, start_gateway: GatewayFactory
 ) -> None:

@@ -46,7 +46,8 @@ def write_binary(folder: Path) -> Path:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser()
+    # as llama-server, no -h of its own (it would read -hft as -h) and no abbreviations
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--alias", default="fake-model")
     parser.add_argument("--fake-slow-answer-ms", type=int)

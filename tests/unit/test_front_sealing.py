@@ -49,3 +49,15 @@ def test_a_seal_opens_with_its_key_only(data: bytes) -> None:
     tampered = token[:middle] + ("A" if token[middle] != "A" else "B") + token[middle + 1 :]
     assert ONE.open(tampered) is None
     assert ONE.open("not a token") is None
+
+
+# every code point, lone surrogates included (st.text leaves them out)
+ANY_TEXT = st.text(st.characters(exclude_categories=()))
+
+
+@given(ANY_TEXT, ANY_TEXT)
+def test_any_string_a_caller_sends_is_checked_never_raised_on(text: str, signature: str) -> None:
+    sealer = Sealer(bytes(32))
+    assert sealer.verify(text, signature) is (signature == sealer.sign(text))
+    assert sealer.verify(text, sealer.sign(text)) is True
+    assert sealer.open(signature) is None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from boundedcode_gateway.errors import InvalidRequest
-from boundedcode_gateway.llama_server.launcher import shown_argv
+from boundedcode_gateway.llama_server.flags import shown_argv
 from boundedcode_gateway.metering.ledger_queries import CallFilter, calls_query, tasks_query
 from boundedcode_gateway.ui.queries import call_filter, page_cursor, task_search
 
@@ -89,3 +89,55 @@ def test_secret_flags_are_hidden() -> None:
         "***",
         "--x",
     )
+
+
+def test_every_spelling_of_a_secret_flag_is_hidden_and_a_path_is_shown() -> None:
+    token, key = "hf_abcdefghijklmnopqrstuvwxyz012345", "sk-extra-0123456789"
+    argv = (
+        "llama-server",
+        "-hf",
+        "org/model-GGUF",
+        "-hft",
+        token,
+        "--hf-token=" + token,
+        "-HFT",
+        token,
+        "--api-key",
+        key,
+        "--api-key=" + key,
+        "--api-key-file",
+        "/etc/llama/key",
+        "--ssl-key-file=/etc/llama/tls.key",
+        "--my-secret",
+        key,
+        "--model-url",
+        f"https://user:{key}@models.example/m.gguf",
+        f"--mmproj-url=https://{token}@models.example/p.gguf",
+        "--keep",
+        "64",
+    )
+    shown = shown_argv(argv)
+    assert shown == (
+        "llama-server",
+        "-hf",
+        "org/model-GGUF",
+        "-hft",
+        "***",
+        "--hf-token=***",
+        "-HFT",
+        "***",
+        "--api-key",
+        "***",
+        "--api-key=***",
+        "--api-key-file",
+        "/etc/llama/key",
+        "--ssl-key-file=/etc/llama/tls.key",
+        "--my-secret",
+        "***",
+        "--model-url",
+        "https://***@models.example/m.gguf",
+        "--mmproj-url=https://***@models.example/p.gguf",
+        "--keep",
+        "64",
+    )
+    assert not any(token in a or key in a for a in shown)

@@ -71,9 +71,10 @@ class Authenticator:
         """The caller of a page a browser opens: a Bearer credential, or a key given as the
         password of HTTP Basic (any user name), which a browser asks for on a 401 naming
         Basic and then sends with every request of the page, its event stream included."""
-        if authorization is not None and authorization[: len(BASIC)].lower() == BASIC:
-            authorization = BEARER + _basic_password(authorization[len(BASIC) :])
         try:
+            if authorization is not None and authorization[: len(BASIC)].lower() == BASIC:
+                # a Basic credential it cannot read is asked for again, as a wrong one is
+                authorization = BEARER + _basic_password(authorization[len(BASIC) :])
             return self._caller(authorization)
         except Unauthenticated as exc:
             exc.headers["WWW-Authenticate"] = BASIC_CHALLENGE
@@ -101,7 +102,9 @@ class Authenticator:
 def _basic_password(credential: str) -> str:
     try:
         decoded = base64.b64decode(credential.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
+    except (binascii.Error, ValueError):
+        # ValueError: a value outside ASCII (the header is read as latin-1), which
+        # b64decode refuses before it decodes anything; UnicodeDecodeError is one too
         raise Unauthenticated("The Basic credential is not valid base64 of 'user:key'") from None
     _user, colon, password = decoded.partition(":")
     if not colon or not password:

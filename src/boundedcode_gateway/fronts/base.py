@@ -73,7 +73,8 @@ class Front(Protocol):
 @runtime_checkable
 class TokenCounter(Front, Protocol):
     """A front whose requests are counted, not answered: the chat body of the call it
-    opens is rendered and its tokens counted, never sent; nothing is recorded."""
+    opens is rendered and its tokens counted, never sent; recorded as a count (purpose
+    ``token_count``), under the same access checks and budgets as the call."""
 
     def counted(self, tokens: int) -> bytes:
         """The answer: ``tokens`` in this front's shape."""

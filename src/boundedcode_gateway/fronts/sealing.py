@@ -52,12 +52,17 @@ class Sealer:
 
     def sign(self, text: str) -> str:
         """A signature of ``text`` that only this key makes."""
-        mac = hmac.new(self._mac_key, text.encode(), hashlib.sha256).digest()
+        # surrogatepass: a text a caller sent (a thinking block's) is signed as it came
+        data = text.encode("utf-8", "surrogatepass")
+        mac = hmac.new(self._mac_key, data, hashlib.sha256).digest()
         return SIGNATURE_PREFIX + base64.urlsafe_b64encode(mac).decode().rstrip("=")
 
     def verify(self, text: str, signature: str) -> bool:
-        """Whether ``signature`` is this key's signature of ``text``."""
-        return hmac.compare_digest(self.sign(text), signature)
+        """Whether ``signature`` is this key's signature of ``text``: any string a caller
+        sent, so compared as bytes (``compare_digest`` refuses a ``str`` outside ASCII,
+        which no signature of this key holds)."""
+        presented = signature.encode("utf-8", "surrogatepass")
+        return hmac.compare_digest(self.sign(text).encode("ascii"), presented)
 
     def seal(self, data: bytes) -> str:
         """``data`` encrypted and authenticated, as text."""

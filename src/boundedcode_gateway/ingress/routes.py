@@ -60,9 +60,9 @@ from boundedcode_gateway.ingress.validate import (
     check_chat_body,
     check_purpose,
     check_task,
-    requested_model,
 )
 from boundedcode_gateway.metering.meter import CallContext
+from boundedcode_gateway.metering.records import TOKEN_COUNT_PURPOSE
 from boundedcode_gateway.metering.request_facts import RequestFacts
 from boundedcode_gateway.operations.failure_log import FailureLog
 from boundedcode_gateway.operations.metrics import GatewayMetrics
@@ -296,9 +296,11 @@ class Router:
         if caller is not None:
             task = metered_task(caller, task)
         purpose = _header(scope, PURPOSE_HEADER)
+        purpose = check_purpose(purpose) if purpose is not None else DEFAULT_PURPOSE
         return CallContext.new(
             task if task is not None else DEFAULT_TASK,
-            check_purpose(purpose) if purpose is not None else DEFAULT_PURPOSE,
+            # a count is recorded as one, whatever the caller's purpose (checked all the same)
+            TOKEN_COUNT_PURPOSE if isinstance(front, TokenCounter) else purpose,
             discard.header_declares(_header(scope, discard.HEADER)),
             caller,
             front.name,
@@ -309,11 +311,12 @@ class Router:
         scope: dict[str, Any], path_task: str | None, caller: Caller | None, front: Front
     ) -> CallContext:
         """The context a call refused before its own was made is recorded under."""
+        purpose = TOKEN_COUNT_PURPOSE if isinstance(front, TokenCounter) else DEFAULT_PURPOSE
         if caller is not None and caller.task is not None:
             # a token's calls are metered under its task only, whatever they asked for
-            return CallContext.new(caller.task, DEFAULT_PURPOSE, caller=caller, front=front.name)
+            return CallContext.new(caller.task, purpose, caller=caller, front=front.name)
         raw_task = path_task or _header(scope, TASK_HEADER) or DEFAULT_TASK
-        return CallContext.new(raw_task[:128], DEFAULT_PURPOSE, caller=caller, front=front.name)
+        return CallContext.new(raw_task[:128], purpose, caller=caller, front=front.name)
 
     async def _call(
         self,
@@ -328,9 +331,6 @@ class Router:
     ) -> None:
         """One call in any front: its request made a chat-completions body, checked as
         one, answered, and the answer written back in the front's shape."""
-        if front is not CHAT and isinstance(front, TokenCounter):
-            await self._count(scope, receive, send, front, caller, max_body_bytes, pace)
-            return
         try:
             raw = await read_request_body(scope, receive, max_body_bytes, pace, self.reading)
             parsed: Any = await self.body_parser.parse(raw)
@@ -356,6 +356,16 @@ class Router:
         except GatewayError as exc:
             self._rejected(front, ctx, asked, exc)
             raise
+        except Exception as exc:
+            # a fault in a front's reading of the request: a 500, recorded as the call's
+            error = internal_error(ctx.call_id)
+            self._rejected(front, ctx, asked, error)
+            raise error from exc
+        if front is not CHAT and isinstance(front, TokenCounter):
+            # counted, not answered: under the same access checks and budgets as a call
+            tokens = await self.service.count_tokens(ctx, body)
+            await send_json(send, 200, front.counted(tokens))
+            return
         await self._answer(receive, send, ctx, body, call)
 
     def _rejected(
@@ -367,44 +377,6 @@ class Router:
             self.service.record_rejected(ctx, asked, exc)
         else:
             self._unrecorded(front, exc)
-
-    async def _count(
-        self,
-        scope: dict[str, Any],
-        receive: Receive,
-        send: Send,
-        front: TokenCounter,
-        caller: Caller | None,
-        max_body_bytes: int,
-        pace: BodyPace,
-    ) -> None:
-        """A front's token count: its request made a chat-completions body, checked as one,
-        rendered and counted by the profile's upstream where it can; not a model call, so
-        not recorded."""
-        raw = await read_request_body(scope, receive, max_body_bytes, pace, self.reading)
-        parsed: Any = await self.body_parser.parse(raw)
-        model = requested_model(parsed)
-        if caller is not None and model is not None:
-            check_model(caller, model)
-        body = check_chat_body(front.open(parsed, _headers_of(scope)).body)
-        upstream = self.service.upstreams.get(body["model"])
-        if upstream is None:
-            raise ModelNotFound(
-                f"The model '{clip(body['model'])}' does not exist on this gateway", param="model"
-            )
-        tokens = await upstream.count_tokens(body)
-        if tokens is None:
-            exc = GatewayError(
-                f"Counting tokens is not available for the model '{clip(body['model'])}': "
-                "only a profile served by llama.cpp counts them",
-                status=501,
-                error_type="not_supported_error",
-                code="not_supported",
-            )
-            # not a failure a resend can cure
-            exc.headers["x-should-retry"] = "false"
-            raise exc
-        await send_json(send, 200, front.counted(tokens))
 
     async def _answer(
         self,

@@ -13,11 +13,16 @@ from boundedcode_gateway import discard
 from boundedcode_gateway import openai_refusals as refuse
 from boundedcode_gateway.errors import InvalidRequest
 from boundedcode_gateway.json_values import is_int, is_number
+from boundedcode_gateway.metering.records import TOKEN_COUNT_PURPOSE
+from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 
 TASK_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 PURPOSE = re.compile(r"[a-z_]{1,32}")
 DEFAULT_TASK = "default"
 DEFAULT_PURPOSE = "agent_turn"
+# the purposes of the gateway's own records: a caller's call under one would pass for the
+# gateway's own work on the page, in the report and in the metrics
+GATEWAY_PURPOSES = frozenset({REPAIR_PURPOSE, TOKEN_COUNT_PURPOSE})
 # in the order OpenAI's message lists them
 _ROLE_ORDER = ("system", "assistant", "user", "function", "tool", "developer")
 ROLES = frozenset(_ROLE_ORDER)
@@ -47,6 +52,13 @@ def check_purpose(purpose: str) -> str:
     if not PURPOSE.fullmatch(purpose):
         raise InvalidRequest(
             "Invalid purpose: use 1 to 32 of a-z and _ (for example agent_turn, condenser)",
+            param="X-BoundedCode-Purpose",
+            code="invalid_purpose",
+        )
+    if purpose in GATEWAY_PURPOSES:
+        raise InvalidRequest(
+            f"Invalid purpose: '{purpose}' is the gateway's own, for the records of its cache "
+            "repairs and token counts; name another (for example agent_turn, condenser)",
             param="X-BoundedCode-Purpose",
             code="invalid_purpose",
         )

@@ -7,6 +7,7 @@ default holds.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from boundedcode_gateway.config import ServerSettings
@@ -30,6 +31,17 @@ VALUE_FLAGS: tuple[tuple[str, str], ...] = (
 SWITCH_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("reasoning_preserve", "--reasoning-preserve", "--no-reasoning-preserve"),
 )
+
+# flags whose value is a secret, llama-server's short spellings among them (-hft is
+# --hf-token): hidden wherever the command line is shown
+SECRET_FLAGS = frozenset({"-hft", "--hf-token", "--api-key"})
+# words that make another flag's value a secret (one that extra_args adds)...
+_SECRET_WORDS = ("key", "token", "secret", "password", "passwd")
+# ...unless the flag names a file: a path is not the secret (--api-key-file, --ssl-key-file)
+_PATH_FLAG_ENDS = ("-file", "-path", "-dir")
+HIDDEN = "***"
+# the credentials of a URL: scheme://user:password@ (or a token as the user)
+_URL_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@]*@")
 
 # key → environment variable of the server process
 ENV_KEYS: tuple[tuple[str, str], ...] = (
@@ -97,3 +109,41 @@ def server_command(
         *settings_argv(settings),
     ]
     return ServerCommand(tuple(argv), settings_env(settings), settings.pass_env)
+
+
+def is_secret_flag(arg: str) -> bool:
+    """Whether ``arg`` is a flag whose value is a key, a token or a password."""
+    if not arg.startswith("-"):
+        return False
+    flag = arg.lower()
+    if flag in SECRET_FLAGS:
+        return True
+    return not flag.endswith(_PATH_FLAG_ENDS) and any(w in flag for w in _SECRET_WORDS)
+
+
+def shown_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """``argv`` as an operator is shown it: the value of each secret flag hidden, whether
+    it follows the flag or is joined to it (``--hf-token=…``), and a URL's credentials."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(HIDDEN)
+            hide_next = False
+            continue
+        flag, equals, value = arg.partition("=")
+        if equals and flag.startswith("-"):
+            out.append(
+                flag + "=" + (HIDDEN if is_secret_flag(flag) else _without_credentials(value))
+            )
+        elif is_secret_flag(arg):
+            out.append(arg)
+            hide_next = True
+        else:
+            out.append(_without_credentials(arg))
+    return tuple(out)
+
+
+def _without_credentials(value: str) -> str:
+    """A URL (a model's, a proxy's) with what stands before its ``@`` hidden."""
+    return _URL_USERINFO.sub(r"\g<1>" + HIDDEN + "@", value)

@@ -28,7 +28,7 @@ from typing import Literal
 
 from boundedcode_gateway.errors import GatewayError, UpstreamUnavailable
 from boundedcode_gateway.llama_server.environment import new_api_key, server_environment
-from boundedcode_gateway.llama_server.flags import LOOPBACK, ServerCommand
+from boundedcode_gateway.llama_server.flags import LOOPBACK, ServerCommand, shown_argv
 from boundedcode_gateway.upstream.http import HttpClient, read_body
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,6 @@ _PR_SET_PDEATHSIG = 1
 
 
 ServerState = Literal["starting", "ready", "restarting", "failed", "stopped"]
-# a flag whose value is not shown (an API key given in server.extra_args)
-_SECRET_FLAG_WORDS = ("key", "token", "secret", "password")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +57,6 @@ class ServerStatus:
     restarts: int
     # its command line, values of secret-looking flags hidden
     argv: tuple[str, ...]
-
-
-def shown_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
-    """``argv`` with the value after each flag that names a key, token or password hidden."""
-    out = list(argv)
-    for i, arg in enumerate(argv[:-1]):
-        if arg.startswith("-") and any(w in arg.lower() for w in _SECRET_FLAG_WORDS):
-            out[i + 1] = "***"
-    return tuple(out)
 
 
 # the ports lately given to servers this process starts: a server binds its port a

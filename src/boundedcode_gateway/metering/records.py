@@ -8,6 +8,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+# the purpose of a token count's record: a caller's request, but no model call (nothing
+# generated, nothing spent); as the cache repairs' own, a caller may not send it
+TOKEN_COUNT_PURPOSE = "token_count"
+
 
 @dataclass(slots=True)
 class CallRecord:
