@@ -20,8 +20,8 @@ import orjson
 import pytest
 
 from tests.e2e.conftest import Gateway, GatewayFactory
-from tests.e2e.test_stream_line_flood import GROWTH_LIMIT, PeakRss
 from tests.fakes.hostile import HostileUpstream, Play, Step, chunk, stream_head
+from tests.memory import GROWTH_LIMIT, PeakRss
 
 KEY_ENV = "ENDLESS_UPSTREAM_KEY"
 # what an endless answer may stream before the test gives up on it (each step one more

@@ -7,9 +7,7 @@ tool calls."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,6 +19,7 @@ from tests.fakes.anthropic_api import AnthropicReply, FakeAnthropic
 from tests.fakes.common import Reply
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fakes.server import serve_in_thread
+from tests.memory import GROWTH_LIMIT, PeakRss
 from tests.postgres_db import PgDatabase
 
 TOOL_CALLS = 400
@@ -32,7 +31,6 @@ IDS = [f"call_{i:04d}" for i in range(TOOL_CALLS)]
 CALLS = [{"id": i, "name": "read_file", "arguments": {"path": f"src/{i}.py"}} for i in IDS]
 # what the gateway may grow by for the one answer (400 copies of its reasoning made it
 # grow by 200 MiB)
-GROWTH_LIMIT = 64 << 20
 TASK = "wide"
 QUESTION: list[dict[str, Any]] = [{"role": "user", "content": "Read every file."}]
 
@@ -49,38 +47,6 @@ def llama() -> Iterator[tuple[FakeLlamaServer, str]]:
 def start(start_gateway: GatewayFactory, url: str, **settings: Any) -> Gateway:
     profile = {"provider": "local", "external_url": url, "server": {"cache_repair": False}}
     return start_gateway({"local": profile}, **settings)
-
-
-def _rss() -> int:
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * 4096
-
-
-class PeakRss:
-    """This process's resident size (the gateway runs in it), sampled while in the block."""
-
-    def __init__(self) -> None:
-        self.before = self.peak = 0
-        self._done = threading.Event()
-
-    def __enter__(self) -> PeakRss:
-        self.before = self.peak = _rss()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._done.wait(0.005):
-            self.peak = max(self.peak, _rss())
-
-    def __exit__(self, *_: Any) -> None:
-        self._done.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss())
-
-    @property
-    def growth(self) -> int:
-        return self.peak - self.before
 
 
 def post(client: httpx.Client, gw: Gateway, messages: list[Any], stream: bool) -> dict[str, Any]:

@@ -7,24 +7,21 @@ passes it, and the gateway's memory stays bounded however many such lines come.
 from __future__ import annotations
 
 import gzip
-import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from tests.e2e.conftest import Gateway, GatewayFactory
 from tests.fakes.hostile import HostileUpstream, Play, Step, stream_head
+from tests.memory import GROWTH_LIMIT, PeakRss
 
 KEY_ENV = "FLOOD_UPSTREAM_KEY"
 FLOOD_BYTES = 63_000_000
 PIECE_LINES = 13_000  # 65 KB of "data\n" a write
 # what the gateway may grow by while the flood lasts (it grew by 98 MiB before each
 # line counted)
-GROWTH_LIMIT = 64 << 20
 
 
 @pytest.fixture
@@ -43,38 +40,6 @@ def start(start_gateway: GatewayFactory, upstream: HostileUpstream) -> Gateway:
         "base_url": upstream.url + "/v1",
     }
     return start_gateway({"flood": profile}, inference={"read_timeout_s": 10})
-
-
-def _rss() -> int:
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * 4096
-
-
-class PeakRss:
-    """The process's resident size, sampled every few milliseconds while in the block."""
-
-    def __init__(self) -> None:
-        self.before = self.peak = 0
-        self._done = threading.Event()
-
-    def __enter__(self) -> PeakRss:
-        self.before = self.peak = _rss()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._done.wait(0.005):
-            self.peak = max(self.peak, _rss())
-
-    def __exit__(self, *_: Any) -> None:
-        self._done.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss())
-
-    @property
-    def growth(self) -> int:
-        return self.peak - self.before
 
 
 def flood(line: bytes) -> list[Step]:
