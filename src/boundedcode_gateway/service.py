@@ -125,13 +125,7 @@ class GatewayService:
         deadline = self._deadline(ctx)
         timeout: asyncio.Timeout | None = None
         try:
-            if route is None:
-                raise ModelNotFound(
-                    f"The model '{clip(model)}' does not exist on this gateway", param="model"
-                )
-            if self._budgets is not None:
-                self._budgets.check(ctx)
-            upstream = route.upstream
+            upstream = self._admitted(route, model, ctx)
             flow = CallFlow(self._shared, meter, upstream, self.keeper(upstream), body)
             if deadline is None:
                 answer = await flow.run()
@@ -177,14 +171,9 @@ class GatewayService:
         meter = Meter(self._writer, ctx, model, len(body["messages"]), None, on_submit)
         _resolved(meter, route)
         try:
-            if route is None:
-                raise ModelNotFound(
-                    f"The model '{clip(model)}' does not exist on this gateway", param="model"
-                )
-            if self._budgets is not None:
-                self._budgets.check(ctx)
+            upstream = self._admitted(route, model, ctx)
             meter.record.attempts = 1
-            tokens = await route.upstream.count_tokens(body)
+            tokens = await upstream.count_tokens(body)
             if tokens is None:
                 raise _count_not_supported(model)
         except GatewayError as exc:
@@ -202,6 +191,17 @@ class GatewayService:
         meter.ok()
         await meter.recorded()
         return tokens
+
+    def _admitted(self, route: Route | None, model: str, ctx: CallContext) -> Upstream:
+        """The upstream of the profile a call names, once the caller's and the task's
+        budgets let it start."""
+        if route is None:
+            raise ModelNotFound(
+                f"The model '{clip(model)}' does not exist on this gateway", param="model"
+            )
+        if self._budgets is not None:
+            self._budgets.check(ctx)
+        return route.upstream
 
     def _deadline(self, ctx: CallContext) -> CallDeadline | None:
         """``inference.max_call_s`` from the call's start (its body read included)."""
