@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import orjson
@@ -44,6 +45,14 @@ def test_folders_idle_since_the_cutoff_are_removed(tmp_path: Path) -> None:
     assert remove_idle_folders(tmp_path / "missing", NOW) == []
 
 
+async def gone(path: Path, within_s: float = 30.0) -> None:
+    """Wait until ``path`` is removed (by the store's own thread), up to ``within_s``: a
+    loaded machine may take seconds to run a pass."""
+    deadline = time.monotonic() + within_s
+    while path.exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
 async def test_the_sweeper_removes_idle_folders_at_start_and_then_daily(tmp_path: Path) -> None:
     store = ReasoningStore(tmp_path, REASONING_FILES)
     tasks_dir = tmp_path / "tasks"
@@ -60,18 +69,12 @@ async def test_the_sweeper_removes_idle_folders_at_start_and_then_daily(tmp_path
     )
     running = asyncio.ensure_future(sweeper.run())
     try:
-        for _ in range(200):  # the pass at start
-            if not (tasks_dir / "old").exists():
-                break
-            await asyncio.sleep(0.01)
+        await gone(tasks_dir / "old")  # the pass at start
         assert not (tasks_dir / "old").exists()
         assert store.get("old", KIND, "text:1") is None  # forgotten in memory as well
         assert (tasks_dir / "young").exists()
         clock[0] += 30 * DAY_S  # a month later, the next pass takes the young one too
-        for _ in range(200):
-            if not (tasks_dir / "young").exists():
-                break
-            await asyncio.sleep(0.01)
+        await gone(tasks_dir / "young")
         assert not (tasks_dir / "young").exists()
     finally:
         running.cancel()
