@@ -59,7 +59,7 @@ def test_an_abandoned_repair_is_muted_and_a_failure_is_red(
     # the filter finds what is abandoned
     page.select_option("#call-filters select[name='status']", "abandoned")
     page.click("#call-filters button[type='submit']")
-    page.wait_for_function("document.querySelectorAll('#calls-table tbody tr').length === 1")
+    page.wait_for_function("() => document.querySelectorAll('#calls-table tbody tr').length === 1")
     table.assert_clean()
 
     timeline = open_page(gw.url, f"#task/{TASK}")
