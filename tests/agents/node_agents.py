@@ -64,7 +64,7 @@ def _claude(folder: str) -> Launch:
             "ANTHROPIC_BASE_URL": ctx.gateway_url,
             "ANTHROPIC_MODEL": PROFILE,
             "ANTHROPIC_DEFAULT_HAIKU_MODEL": PROFILE,
-            "ANTHROPIC_API_KEY": "sk-ant-unused-by-a-gateway-without-auth",
+            "ANTHROPIC_AUTH_TOKEN": "sk-ant-unused-by-a-gateway-without-auth",
             "CLAUDE_CONFIG_DIR": str(config),
             # no updates, telemetry, error reports or other calls elsewhere
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
