@@ -245,9 +245,13 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # a child that exited but was not reaped yet is a zombie: gone for this purpose
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(") ", 1)[1][0] != "Z"
+    # a child that exited but was not reaped yet is a zombie: gone for this purpose; one
+    # reaped between the signal and the read is gone too
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def managed_pid(fg: FileGateway, name: str) -> int:
