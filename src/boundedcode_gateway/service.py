@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from boundedcode_gateway.budgets.book import BudgetBook
@@ -106,11 +106,7 @@ class GatewayService:
     async def chat(self, ctx: CallContext, body: dict[str, Any]) -> JsonAnswer | StreamAnswer:
         """Answer one validated chat-completions request."""
         model: str = body["model"]
-        route = self.live.routes.get(model)
-        on_submit = None
-        if route is not None:
-            route.enter()
-            on_submit = route.leave
+        route, on_submit = self._entered(model)
         price = self.live.price_of(model)
         meter = Meter(self._writer, ctx, model, len(body["messages"]), price, on_submit)
         stream = body.get("stream") is True
@@ -162,11 +158,7 @@ class GatewayService:
         renders and counts them; held to the caller's and the task's budgets as a call is,
         and recorded (its purpose ``token_count``, no tokens spent: nothing is generated)."""
         model: str = body["model"]
-        route = self.live.routes.get(model)
-        on_submit = None
-        if route is not None:
-            route.enter()
-            on_submit = route.leave
+        route, on_submit = self._entered(model)
         # no price: a count spends nothing a budget or a bill counts
         meter = Meter(self._writer, ctx, model, len(body["messages"]), None, on_submit)
         _resolved(meter, route)
@@ -191,6 +183,15 @@ class GatewayService:
         meter.ok()
         await meter.recorded()
         return tokens
+
+    def _entered(self, model: str) -> tuple[Route | None, Callable[[], None] | None]:
+        """The profile's route with this call counted in flight on it, and what ends that
+        count when the call's record is submitted."""
+        route = self.live.routes.get(model)
+        if route is None:
+            return None, None
+        route.enter()
+        return route, route.leave
 
     def _admitted(self, route: Route | None, model: str, ctx: CallContext) -> Upstream:
         """The upstream of the profile a call names, once the caller's and the task's
