@@ -29,17 +29,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_config(tmp_path: Path, upstream_url: str) -> Path:
-    """A configuration with one profile, ``local``, on the given server."""
+def write_config(tmp_path: Path, upstream_url: str, auth: dict[str, Any] | None = None) -> Path:
+    """A configuration with one profile, ``local``, on the given server (and ``auth:``,
+    when given)."""
     config = tmp_path / "gateway.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "data_dir": str(tmp_path / "data"),
-                "models": {"local": {"provider": "local", "external_url": upstream_url}},
-            }
-        )
-    )
+    settings: dict[str, Any] = {
+        "data_dir": str(tmp_path / "data"),
+        "models": {"local": {"provider": "local", "external_url": upstream_url}},
+    }
+    if auth is not None:
+        settings["auth"] = auth
+    config.write_text(yaml.safe_dump(settings))
     return config
 
 

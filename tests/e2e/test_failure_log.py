@@ -13,13 +13,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import yaml
 
 from boundedcode_gateway.access.keys import key_digest, new_key
 from boundedcode_gateway.metering.calllog import read_calls
 from boundedcode_gateway.operations.failure_log import LOGGER_NAME
 from tests.e2e.conftest import Gateway, GatewayFactory, Upstreams
-from tests.e2e.test_cli import free_port, start_serve
+from tests.e2e.test_cli import free_port, start_serve, write_config
 from tests.fakes.common import Reply
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fakes.server import serve_in_thread
@@ -54,17 +53,8 @@ def test_serve_writes_a_line_per_refusal_on_stderr_and_never_a_key_or_content(
     and a secret in the refused requests' messages."""
     fake = FakeLlamaServer()
     with serve_in_thread(fake.app) as upstream:
-        config = tmp_path / "gateway.yaml"
         auth = {"keys": [{"name": "ci", "sha256": key_digest(KEY), "models": ["*"]}]}
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "data_dir": str(tmp_path / "data"),
-                    "auth": auth,
-                    "models": {"local": {"provider": "local", "external_url": upstream.url}},
-                }
-            )
-        )
+        config = write_config(tmp_path, upstream.url, auth)
         port = free_port()
         proc = start_serve(config, port)
         base = f"http://127.0.0.1:{port}"

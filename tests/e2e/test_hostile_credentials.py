@@ -12,11 +12,10 @@ import socket
 from pathlib import Path
 
 import pytest
-import yaml
 
 from boundedcode_gateway.access.keys import key_digest, new_key
 from boundedcode_gateway.errors import internal_error
-from tests.e2e.test_cli import free_port, start_serve
+from tests.e2e.test_cli import free_port, start_serve, write_config
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fakes.server import serve_in_thread
 
@@ -47,18 +46,9 @@ def test_non_ascii_credentials_are_401_and_a_line_break_in_a_path_forges_no_log_
 ) -> None:
     fake = FakeLlamaServer()
     with serve_in_thread(fake.app) as upstream:
-        config = tmp_path / "gateway.yaml"
         admin = {"name": "admin", "sha256": key_digest(ADMIN_KEY), "models": ["*"], "admin": True}
         auth = {"keys": [admin]}
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "data_dir": str(tmp_path / "data"),
-                    "auth": auth,
-                    "models": {"local": {"provider": "local", "external_url": upstream.url}},
-                }
-            )
-        )
+        config = write_config(tmp_path, upstream.url, auth)
         port = free_port()
         proc = start_serve(config, port)
         forging = "/ui/%0a" + FORGED.replace(" ", "%20")
