@@ -19,9 +19,8 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import yaml
 
-from tests.e2e.test_cli import free_port, start_serve
+from tests.e2e.test_cli import free_port, start_serve, write_config
 from tests.e2e.test_connection_limits import closed_within, connect
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fakes.server import serve_in_thread
@@ -48,16 +47,7 @@ class Serving:
 def _serve(tmp_path: Path, limits: dict[str, Any]) -> Iterator[Serving]:
     fake = FakeLlamaServer()
     with serve_in_thread(fake.app) as upstream:
-        config = tmp_path / "gateway.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "data_dir": str(tmp_path / "data"),
-                    "limits": limits,
-                    "models": {"local": {"provider": "local", "external_url": upstream.url}},
-                }
-            )
-        )
+        config = write_config(tmp_path, upstream.url, limits=limits)
         port = free_port()
         proc = start_serve(config, port)
         output: list[str] = []

@@ -29,17 +29,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_config(tmp_path: Path, upstream_url: str, auth: dict[str, Any] | None = None) -> Path:
-    """A configuration with one profile, ``local``, on the given server (and ``auth:``,
-    when given)."""
+def write_config(tmp_path: Path, upstream_url: str, **settings: Any) -> Path:
+    """A configuration with one profile, ``local``, on the given server, and any other
+    top-level ``settings`` (``auth``, ``limits``, ...)."""
     config = tmp_path / "gateway.yaml"
-    settings: dict[str, Any] = {
+    whole: dict[str, Any] = {
         "data_dir": str(tmp_path / "data"),
         "models": {"local": {"provider": "local", "external_url": upstream_url}},
+        **settings,
     }
-    if auth is not None:
-        settings["auth"] = auth
-    config.write_text(yaml.safe_dump(settings))
+    config.write_text(yaml.safe_dump(whole))
     return config
 
 

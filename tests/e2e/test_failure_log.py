@@ -54,7 +54,7 @@ def test_serve_writes_a_line_per_refusal_on_stderr_and_never_a_key_or_content(
     fake = FakeLlamaServer()
     with serve_in_thread(fake.app) as upstream:
         auth = {"keys": [{"name": "ci", "sha256": key_digest(KEY), "models": ["*"]}]}
-        config = write_config(tmp_path, upstream.url, auth)
+        config = write_config(tmp_path, upstream.url, auth=auth)
         port = free_port()
         proc = start_serve(config, port)
         base = f"http://127.0.0.1:{port}"

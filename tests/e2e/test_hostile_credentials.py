@@ -48,7 +48,7 @@ def test_non_ascii_credentials_are_401_and_a_line_break_in_a_path_forges_no_log_
     with serve_in_thread(fake.app) as upstream:
         admin = {"name": "admin", "sha256": key_digest(ADMIN_KEY), "models": ["*"], "admin": True}
         auth = {"keys": [admin]}
-        config = write_config(tmp_path, upstream.url, auth)
+        config = write_config(tmp_path, upstream.url, auth=auth)
         port = free_port()
         proc = start_serve(config, port)
         forging = "/ui/%0a" + FORGED.replace(" ", "%20")
