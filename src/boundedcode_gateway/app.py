@@ -289,6 +289,8 @@ class GatewayApp:
             await asyncio.gather(*(r.upstream.close() for r in fresh), return_exceptions=True)
             raise
         self.service.use(new)
+        # an open page's event stream is let in again by the new keys, or ended
+        self.events.recheck_viewers()
         self._use_budgets(config)
         self.config = config
         log.info("configuration reloaded: %s", changes.describe())

@@ -1,13 +1,14 @@
 """Revoking credentials with a reload, on a running ``serve``: a new secret in the token
 secret's file refuses every token of the old one at once (a previous secret on its
-second line keeps them for one rotation), and a token living longer than the maximum
-in force is refused."""
+second line keeps them for one rotation), a token living longer than the maximum in
+force is refused, and an open page event stream ends when its key is taken away."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +29,8 @@ OLD = "the-old-token-secret-0123456789abcdef"
 NEW = "the-new-token-secret-0123456789abcdef"
 NEWER = "the-newer-token-secret-0123456789abcd"
 ASK: Any = [{"role": "user", "content": "hello"}]
+# how long a closed stream may take to end after the reload is applied
+STREAM_END_S = 5.0
 
 
 class Serve:
@@ -219,3 +222,82 @@ def test_the_token_command_refuses_a_ttl_past_the_maximum(
     )
     config = write_config(tmp_path, "http://127.0.0.1:9", auth={**auth, "max_token_ttl_s": 172800})
     assert main([*argv, "--ttl", "2d"]) == 0
+
+
+class EventStream:
+    """The page's event stream, read in a thread: its lines, and when it ended."""
+
+    def __init__(self, url: str, key: str) -> None:
+        self.lines: list[str] = []
+        self.ended = threading.Event()
+        self.opened = threading.Event()
+        self.status: int | None = None
+        self._url, self._key = url + "/ui/api/events", key
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+        assert self.opened.wait(10), "the event stream did not open"
+
+    def _read(self) -> None:
+        headers = {"Authorization": f"Bearer {self._key}"}
+        # the read timeout is past the keep-alive's 15 s: only the gateway ends the stream
+        timeout = httpx.Timeout(10, read=60)
+        try:
+            with httpx.stream("GET", self._url, headers=headers, timeout=timeout) as resp:
+                self.status = resp.status_code
+                self.opened.set()
+                for line in resp.iter_lines():
+                    self.lines.append(line)
+        finally:
+            self.opened.set()
+            self.ended.set()
+
+    def saw(self, text: str, timeout_s: float = 10) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if any(text in line for line in self.lines):
+                return True
+            time.sleep(0.05)
+        return False
+
+
+def viewer_entry(key: str, admin: bool = True) -> dict[str, Any]:
+    return {"name": "viewer", "sha256": key_digest(key), "models": ["*"], "admin": admin}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda s: s["auth"].update(keys=s["auth"]["keys"][:1]), id="key removed"),
+        pytest.param(
+            lambda s: s["auth"]["keys"][1].update(sha256=key_digest(new_key())), id="key changed"
+        ),
+        pytest.param(lambda s: s["auth"]["keys"][1].update(admin=False), id="made non-admin"),
+        pytest.param(lambda s: s.update(ui=False), id="page turned off"),
+    ],
+)
+def test_an_open_event_stream_ends_when_a_reload_takes_its_key_away(
+    serve: ServeFactory, change: Callable[[dict[str, Any]], None]
+) -> None:
+    viewer = new_key()
+    gw = serve(keys=[viewer_entry(viewer)])
+    stream = EventStream(gw.url, viewer)
+    assert stream.status == 200 and stream.saw("event: in_flight")
+    gw.rewrite(change)
+    gw.reload()
+    assert stream.ended.wait(STREAM_END_S), "the stream outlived its key's removal"
+
+
+def test_an_event_stream_whose_key_a_reload_keeps_goes_on(serve: ServeFactory) -> None:
+    viewer = new_key()
+    gw = serve(keys=[viewer_entry(viewer)])
+    stream = EventStream(gw.url, viewer)
+    assert stream.saw("event: in_flight")
+    # another key changes; this one is kept
+    gw.rewrite(lambda s: s["auth"]["keys"].append(viewer_entry(new_key()) | {"name": "other"}))
+    gw.reload()
+    assert gw.chat(gw.admin).status_code == 200
+    assert stream.saw("event: finished"), "the kept viewer was not told of the call"
+    assert not stream.ended.is_set()
+    # and the gateway's own stop ends it
+    gw.proc.send_signal(signal.SIGTERM)
+    assert stream.ended.wait(STREAM_END_S)
