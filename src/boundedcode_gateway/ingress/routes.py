@@ -242,7 +242,8 @@ class Router:
                 authenticator = live.authenticator
                 caller = authenticator.viewer(authorization) if authenticator else None
                 ui.check_access(live.config.ui, caller)
-            except GatewayError:
+            except Exception:
+                # a refusal, or any fault in asking: the stream is ended, not kept open
                 return False
             return True
 
