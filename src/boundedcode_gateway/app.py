@@ -13,6 +13,7 @@ from typing import Any
 
 from boundedcode_gateway.access.listen import listen_refusal
 from boundedcode_gateway.access.sites import DEFAULT_LISTEN_HOST
+from boundedcode_gateway.access.token_secret import token_secrets
 from boundedcode_gateway.budgets.book import BudgetBook, budgets_configured
 from boundedcode_gateway.budgets.store import LedgerSpendStore, SpendStore
 from boundedcode_gateway.config import ConfigSource, GatewayConfig, UpstreamLimitsSettings
@@ -269,7 +270,13 @@ class GatewayApp:
                 if self._source is None:
                     return _refused("the gateway was not started from a configuration source")
                 config = await asyncio.to_thread(self._source.load)
-            new = build_live_config(config, self.http, old, self.listen_host)
+            # read again each time: a new secret in its file revokes the old one's tokens
+            secrets = (
+                await asyncio.to_thread(token_secrets, config.auth, os.environ)
+                if config.auth is not None
+                else None
+            )
+            new = build_live_config(config, self.http, old, self.listen_host, secrets=secrets)
             _check_listening(self.listen_host, old.config, config)
         except ConfigError as exc:
             return _refused(str(exc))
@@ -282,6 +289,8 @@ class GatewayApp:
             await asyncio.gather(*(r.upstream.close() for r in fresh), return_exceptions=True)
             raise
         self.service.use(new)
+        # an open page's event stream is let in again by the new keys, or ended
+        self.events.recheck_viewers()
         self._use_budgets(config)
         self.config = config
         log.info("configuration reloaded: %s", changes.describe())

@@ -227,11 +227,24 @@ class KeySettings(_Strict):
         return data
 
 
+# the longest a task token may live (``auth.max_token_ttl_s``): a day covers a working
+# session or a night's agent run, and bounds how long a leaked token is any use
+DEFAULT_MAX_TOKEN_TTL_S = 86_400
+
+
 class AuthSettings(_Strict):
-    """``auth:``: the caller keys, and the environment variable holding the token secret."""
+    """``auth:``: the caller keys, and where the token secret comes from (an environment
+    variable, or a file read again on every reload), and how long a token may live."""
 
     token_secret_env: str | None = None
+    token_secret_file: str | None = Field(default=None, min_length=1)
+    max_token_ttl_s: int = Field(default=DEFAULT_MAX_TOKEN_TTL_S, ge=1)
     keys: tuple[KeySettings, ...] = ()
+
+    @property
+    def takes_tokens(self) -> bool:
+        """Whether task tokens are accepted: a token secret is configured."""
+        return self.token_secret_env is not None or self.token_secret_file is not None
 
     @model_validator(mode="before")
     @classmethod
@@ -242,9 +255,15 @@ class AuthSettings(_Strict):
 
     @model_validator(mode="after")
     def _check_keys(self) -> AuthSettings:
-        if not self.keys and self.token_secret_env is None:
+        if self.token_secret_env is not None and self.token_secret_file is not None:
+            # two sources of one secret: which one signs would be a guess
+            raise ValueError("give 'token_secret_env' or 'token_secret_file', not both")
+        if not self.keys and not self.takes_tokens:
             # an auth: that admits no one is a mistake, not a locked door
-            raise ValueError("'auth' needs at least one entry under 'keys' or a 'token_secret_env'")
+            raise ValueError(
+                "'auth' needs at least one entry under 'keys', a 'token_secret_env' "
+                "or a 'token_secret_file'"
+            )
         for field in ("name", "sha256"):
             seen: set[str] = set()
             for key in self.keys:
@@ -705,7 +724,9 @@ class GatewayConfig(_Strict):
     def _auth_not_empty(cls, value: Any) -> Any:
         # a bare "auth:" reads as null, which would leave the gateway open
         if value is None:
-            raise ValueError("'auth' is empty; give it 'keys' or a 'token_secret_env'")
+            raise ValueError(
+                "'auth' is empty; give it 'keys', a 'token_secret_env' or a 'token_secret_file'"
+            )
         return value
 
     @model_validator(mode="before")

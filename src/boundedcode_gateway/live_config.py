@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from boundedcode_gateway.access.authenticate import Authenticator
 from boundedcode_gateway.access.sites import DEFAULT_LISTEN_HOST, SitePolicy
+from boundedcode_gateway.access.token_secret import TokenSecrets, token_secrets
 from boundedcode_gateway.config import GatewayConfig, ModelProfile, PriceSettings
 from boundedcode_gateway.providers.base import Upstream
 from boundedcode_gateway.providers.registry import build_upstream
@@ -117,13 +118,21 @@ def build_live_config(
     previous: LiveConfig | None = None,
     listen_host: str = DEFAULT_LISTEN_HOST,
     environ: Mapping[str, str] = os.environ,
+    secrets: TokenSecrets | None = None,
 ) -> LiveConfig:
     """The routes of ``config``: those of ``previous`` whose inputs are unchanged, new
     upstreams (built, not started) for the others; its callers' keys and the hosts it
-    answers to. Raises ``ConfigError`` for a profile that cannot be built, or a token
-    secret that cannot be read; upstreams built before it hold nothing until started."""
+    answers to. ``secrets``: the token secrets, read off the event loop by a reload; None
+    reads them here, from ``environ`` or their file. Raises ``ConfigError`` for a profile
+    that cannot be built, or a token secret that cannot be read; upstreams built before it
+    hold nothing until started."""
     sites = SitePolicy(listen_host, config.limits.allowed_hosts)
-    authenticator = Authenticator(config.auth, environ) if config.auth is not None else None
+    authenticator = None
+    auth = config.auth
+    if auth is not None:
+        if secrets is None and auth.takes_tokens:
+            secrets = token_secrets(auth, environ)
+        authenticator = Authenticator(auth, secrets if auth.takes_tokens else None)
     routes: dict[str, Route] = {}
     for name, profile in config.models.items():
         inputs = profile_inputs(profile, config)

@@ -8,10 +8,10 @@ from boundedcode_gateway.access.authenticate import (
     Authenticator,
     check_model,
     metered_task,
-    token_secret,
 )
 from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.access.keys import key_digest
+from boundedcode_gateway.access.token_secret import TokenSecrets, token_secrets
 from boundedcode_gateway.access.tokens import mint_task_token
 from boundedcode_gateway.config import AuthSettings, KeySettings
 from boundedcode_gateway.errors import ConfigError, Forbidden, Unauthenticated
@@ -26,7 +26,8 @@ AUTH = AuthSettings(
 
 
 def authenticator(auth: AuthSettings = AUTH) -> Authenticator:
-    return Authenticator(auth, {"GW_TOKEN_SECRET": SECRET}, clock=lambda: NOW)
+    secrets = token_secrets(auth, {"GW_TOKEN_SECRET": SECRET})
+    return Authenticator(auth, secrets, clock=lambda: NOW)
 
 
 def refusal(header: str | None, auth: AuthSettings = AUTH) -> Unauthenticated:
@@ -81,14 +82,28 @@ def test_an_expired_token_is_401() -> None:
 
 
 def test_the_secret_is_read_from_the_environment() -> None:
-    assert token_secret(AUTH, {"GW_TOKEN_SECRET": SECRET}) == SECRET.encode()
-    assert token_secret(AuthSettings(keys=AUTH.keys), {}) is None
+    assert token_secrets(AUTH, {"GW_TOKEN_SECRET": SECRET}) == TokenSecrets(SECRET.encode())
+    assert token_secrets(AuthSettings(keys=AUTH.keys), {}) is None
     with pytest.raises(ConfigError, match="GW_TOKEN_SECRET is not set"):
-        token_secret(AUTH, {})
+        token_secrets(AUTH, {})
     with pytest.raises(ConfigError, match="GW_TOKEN_SECRET: the token secret has 5 bytes"):
-        token_secret(AUTH, {"GW_TOKEN_SECRET": "short"})
-    with pytest.raises(ConfigError, match="is not set"):
-        Authenticator(AUTH, {})
+        token_secrets(AUTH, {"GW_TOKEN_SECRET": "short"})
+
+
+def test_a_token_longer_lived_than_the_maximum_in_force_is_401() -> None:
+    token = mint_task_token(SECRET, task="t", models=["local"], ttl_s=7200, now=NOW, max_ttl_s=7200)
+    assert authenticator().caller(f"Bearer {token}").task == "t"
+    hour = AUTH.model_copy(update={"max_token_ttl_s": 3600})
+    assert "lives 7200 s, longer than the 3600 s" in refusal(f"Bearer {token}", hour).message
+
+
+def test_the_previous_secret_still_verifies_and_signs_nothing() -> None:
+    old = mint_task_token(SECRET, task="t", models=["local"], ttl_s=60, now=NOW)
+    rotated = Authenticator(AUTH, TokenSecrets(b"n" * 32, SECRET.encode()), clock=lambda: NOW)
+    assert rotated.caller(f"Bearer {old}").task == "t"
+    revoked = Authenticator(AUTH, TokenSecrets(b"n" * 32), clock=lambda: NOW)
+    with pytest.raises(Unauthenticated, match="Invalid task token"):
+        revoked.caller(f"Bearer {old}")
 
 
 KEY_CALLER = Caller(name="ci", kind="key", models=frozenset({"local"}))

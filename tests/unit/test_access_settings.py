@@ -26,6 +26,12 @@ def test_keys_and_hosts_load() -> None:
     assert config.auth is not None and config.auth.keys[0].models == ("local",)
     assert config.limits.allowed_hosts == ("gw.corp.internal", "10.0.0.5", "[fd00::1]", "fd00::2")
     assert parse_config(MODELS).auth is None
+    assert config.auth.max_token_ttl_s == 86_400  # a day unless set
+    from_file = parse_config(
+        "auth: {token_secret_file: /run/gw/secret, max_token_ttl_s: 600}\n" + MODELS
+    )
+    assert from_file.auth is not None and from_file.auth.takes_tokens
+    assert from_file.auth.max_token_ttl_s == 600
     assert parse_config(MODELS).limits.allowed_hosts == ()
 
 
@@ -35,7 +41,8 @@ def test_keys_and_hosts_load() -> None:
         ("auth:\n", "auth: 'auth' is empty"),
         (
             "auth: {}\n",
-            "auth: 'auth' needs at least one entry under 'keys' or a 'token_secret_env'",
+            "auth: 'auth' needs at least one entry under 'keys', a 'token_secret_env' "
+            "or a 'token_secret_file'",
         ),
         (
             "auth:\n  keys:\n"
@@ -52,6 +59,15 @@ def test_keys_and_hosts_load() -> None:
         (
             f"auth:\n  keys:\n    - {{name: ci, sha256: '{DIGEST.upper()}', models: [local]}}\n",
             "auth.keys.0.sha256: String should match pattern",
+        ),
+        (
+            "auth: {token_secret_env: GW_SECRET, token_secret_file: /run/secret}\n",
+            "give 'token_secret_env' or 'token_secret_file', not both",
+        ),
+        ("auth: {token_secret_file: ''}\n", "auth.token_secret_file: String should have"),
+        (
+            "auth: {token_secret_env: GW_SECRET, max_token_ttl_s: 0}\n",
+            "auth.max_token_ttl_s: Input should be greater than or equal to 1",
         ),
         ("limits: {allowed_hosts: ['http://gw.lan']}\n", "is not a host name or an IP address"),
         ("limits: {allowed_hosts: ['gw.lan:8780']}\n", "is not a host name or an IP address"),

@@ -18,12 +18,14 @@ from boundedcode_gateway.access.tokens import (
     parse_duration,
     verify_task_token,
 )
-from boundedcode_gateway.config import BudgetSettings
+from boundedcode_gateway.config import DEFAULT_MAX_TOKEN_TTL_S, BudgetSettings
 from boundedcode_gateway.errors import Unauthenticated
 
 SECRET = b"s" * 32
 OTHER_SECRET = b"t" * 32
 NOW = 1_750_000_000.0
+# the claims of a token that expires in 9 s
+SOON = {"id": "x", "task": "t", "models": ["local"], "exp": int(NOW) + 9}
 
 
 def mint(**overrides: object) -> str:
@@ -41,9 +43,14 @@ def signed_by(secret: bytes, claims_part: str, prefix: str = "bct1.") -> str:
     return f"{signed}.{b64(hmac.new(secret, signed.encode(), hashlib.sha256).digest())}"
 
 
-def refused(token: str, now: float = NOW, secret: bytes = SECRET) -> str:
+def refused(
+    token: str,
+    now: float = NOW,
+    secret: bytes = SECRET,
+    max_ttl_s: float = DEFAULT_MAX_TOKEN_TTL_S,
+) -> str:
     with pytest.raises(Unauthenticated) as info:
-        verify_task_token(secret, token, now)
+        verify_task_token(secret, token, now, max_ttl_s)
     assert info.value.http_status == 401 and info.value.code == "invalid_api_key"
     assert not token or token not in info.value.message
     return info.value.message
@@ -57,7 +64,7 @@ task_ids = st.text(alphabet="abcXYZ019._-", min_size=1, max_size=128).filter(
 @given(
     task=task_ids,
     models=st.lists(st.text(min_size=1, max_size=20), min_size=1, max_size=4),
-    ttl_s=st.integers(min_value=1, max_value=10**7),
+    ttl_s=st.integers(min_value=1, max_value=DEFAULT_MAX_TOKEN_TTL_S),
     budget=st.none() | st.integers(min_value=1, max_value=10**12),
 )
 def test_what_is_minted_reads_back(
@@ -70,6 +77,59 @@ def test_what_is_minted_reads_back(
     claims = verify_task_token(SECRET, token, NOW + ttl_s - 1)
     assert (claims.task, claims.models, claims.budget_tokens) == (task, tuple(models), budget)
     assert claims.expires_at == int(NOW + ttl_s)
+    assert claims.issued_at == int(NOW)
+
+
+@given(
+    max_ttl_s=st.integers(min_value=1, max_value=10**8),
+    ttl_s=st.integers(min_value=1, max_value=10**8),
+    elapsed_s=st.integers(min_value=0, max_value=10**8),
+)
+def test_no_token_lives_longer_than_the_maximum(max_ttl_s: int, ttl_s: int, elapsed_s: int) -> None:
+    """Minted within the maximum, a token is taken until it expires; minted past it (a
+    gateway with a larger maximum, or the setting lowered since), it is refused whenever
+    presented: its lifetime is what counts, not what is left of it."""
+    token = mint_task_token(
+        SECRET, task="t", models=["local"], ttl_s=ttl_s, now=NOW, max_ttl_s=10**8
+    )
+    now = NOW + elapsed_s
+    if elapsed_s >= ttl_s:
+        assert "expired" in refused(token, now=now, max_ttl_s=max_ttl_s)
+    elif ttl_s > max_ttl_s:
+        assert f"lives {ttl_s} s, longer than the {max_ttl_s} s" in refused(
+            token, now=now, max_ttl_s=max_ttl_s
+        )
+    else:
+        assert verify_task_token(SECRET, token, now, max_ttl_s).task == "t"
+
+
+def test_minting_past_the_maximum_is_refused() -> None:
+    with pytest.raises(TokenError, match="86401 s is longer than the 86400 s a token may live"):
+        mint(ttl_s=DEFAULT_MAX_TOKEN_TTL_S + 1)
+    with pytest.raises(TokenError, match=r"auth\.max_token_ttl_s"):
+        mint(ttl_s=3601, max_ttl_s=3600)
+    assert verify_task_token(SECRET, mint(ttl_s=3600, max_ttl_s=3600), NOW, 3600).task == "t-1"
+
+
+def legacy_token(exp: float) -> str:
+    """A token as minted before tokens carried their issue time."""
+    claims = {"id": "old", "task": "t-1", "models": ["local"], "exp": int(exp)}
+    return signed_by(SECRET, b64(orjson.dumps(claims)))
+
+
+def test_a_token_without_an_issue_time_may_have_at_most_the_maximum_left() -> None:
+    week = legacy_token(NOW + 7 * 86400)
+    assert "lives 604800 s, longer than the 86400 s" in refused(week)
+    # its remaining time is its lifetime: within a day of its end it is taken
+    assert verify_task_token(SECRET, week, NOW + 6 * 86400).token_id == "old"
+    assert verify_task_token(SECRET, legacy_token(NOW + 3600), NOW).issued_at is None
+
+
+def test_any_of_several_secrets_verifies() -> None:
+    token = mint()
+    assert verify_task_token((OTHER_SECRET, SECRET), token, NOW).task == "t-1"
+    with pytest.raises(Unauthenticated, match="Invalid task token"):
+        verify_task_token((OTHER_SECRET,), token, NOW)
 
 
 def test_each_token_has_its_own_id() -> None:
@@ -150,6 +210,13 @@ def test_the_version_prefix_is_signed() -> None:
             {"id": "x", "task": "t", "models": ["local"], "exp": int(2 * NOW), "budget_tokens": 0}
         ),
         orjson.dumps({"task": "t", "models": ["local"], "exp": int(2 * NOW)}),
+        orjson.dumps(
+            {"id": "x", "task": "t", "models": ["local"], "exp": int(NOW) + 9, "iat": "now"}
+        ),
+        # issued after it expires
+        orjson.dumps(
+            {"id": "x", "task": "t", "models": ["local"], "exp": int(NOW) + 9, "iat": int(NOW) + 10}
+        ),
     ],
 )
 def test_signed_claims_of_the_wrong_shape_are_refused(claims: bytes) -> None:

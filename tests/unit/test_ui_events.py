@@ -117,3 +117,23 @@ async def test_a_waiting_viewer_wakes_for_an_event_or_when_closed() -> None:
     await asyncio.sleep(0)
     viewer.close()
     assert await waiting is True and viewer.closed
+
+
+def test_a_recheck_ends_the_viewers_no_longer_admitted() -> None:
+    events = CallEvents()
+    keys = {"kept": True, "removed": True}
+    kept = events.join(lambda: keys["kept"])
+    removed = events.join(lambda: keys["removed"])
+    unchecked = events.join()
+    assert kept is not None and removed is not None and unchecked is not None
+    events.recheck_viewers()
+    assert not (kept.closed or removed.closed or unchecked.closed)
+    keys["removed"] = False
+    events.recheck_viewers()
+    assert removed.closed and not kept.closed and not unchecked.closed
+
+    async def woken() -> bool:
+        return await removed.wait(60)
+
+    # the stream's writer, waiting for events, stops waiting at once
+    assert asyncio.run(asyncio.wait_for(woken(), 1))

@@ -1,23 +1,23 @@
 """Who is calling: the ``Authorization`` header → a ``Caller``, or a 401.
 
-Built once from ``auth:`` (the keys' digests, the token secret read from its
-environment variable at start-up) and asked once per request. A refusal never
-repeats the credential it was given.
+Built from ``auth:`` at start and on each reload (the keys' digests, the token
+secrets read then: access/token_secret.py) and asked once per request. A refusal
+never repeats the credential it was given.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.access.keys import KeyRing
-from boundedcode_gateway.access.tokens import TokenError, is_token, secret_bytes, verify_task_token
+from boundedcode_gateway.access.token_secret import TokenSecrets
+from boundedcode_gateway.access.tokens import is_token, verify_task_token
 from boundedcode_gateway.config import AuthSettings
-from boundedcode_gateway.errors import ConfigError, Forbidden, Unauthenticated
+from boundedcode_gateway.errors import Forbidden, Unauthenticated
 
 BEARER = "bearer "
 BASIC = "basic "
@@ -25,37 +25,21 @@ BASIC = "basic "
 BASIC_CHALLENGE = 'Basic realm="BoundedCode gateway", charset="UTF-8"'
 
 
-def token_secret(auth: AuthSettings, environ: Mapping[str, str]) -> bytes | None:
-    """The token secret from the variable ``auth.token_secret_env`` names; None when unnamed.
-
-    Named but unset, or too short, is a ``ConfigError``: the configuration says tokens
-    are in use, and a gateway that refused every one of them would fail only later.
-    """
-    name = auth.token_secret_env
-    if name is None:
-        return None
-    value = environ.get(name)
-    if not value:
-        raise ConfigError(f"auth.token_secret_env: the environment variable {name} is not set")
-    try:
-        return secret_bytes(value)
-    except TokenError as exc:
-        raise ConfigError(f"auth.token_secret_env: {name}: {exc}") from None
-
-
 class Authenticator:
-    """The configured keys and token secret; ``caller()`` per request."""
+    """The configured keys and token secrets; ``caller()`` per request."""
 
-    __slots__ = ("_clock", "_keys", "_secret")
+    __slots__ = ("_clock", "_keys", "_max_ttl_s", "_secrets")
 
     def __init__(
         self,
         auth: AuthSettings,
-        environ: Mapping[str, str] = os.environ,
+        secrets: TokenSecrets | None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._keys = KeyRing(auth.keys)
-        self._secret = token_secret(auth, environ)
+        # None: this gateway takes no tokens
+        self._secrets = secrets.verifying if secrets is not None else None
+        self._max_ttl_s = auth.max_token_ttl_s
         self._clock = clock
 
     def caller(self, authorization: str | None) -> Caller:
@@ -90,9 +74,10 @@ class Authenticator:
             raise Unauthenticated("The Authorization header must be 'Bearer <key>'")
         credential = authorization[len(BEARER) :].strip()
         if is_token(credential):
-            if self._secret is None:
+            if self._secrets is None:
                 raise Unauthenticated("This gateway does not accept task tokens")
-            return verify_task_token(self._secret, credential, self._clock()).caller()
+            claims = verify_task_token(self._secrets, credential, self._clock(), self._max_ttl_s)
+            return claims.caller()
         caller = self._keys.find(credential)
         if caller is None:
             raise Unauthenticated("Invalid API key")

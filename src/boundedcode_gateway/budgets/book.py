@@ -34,9 +34,7 @@ def budgets_configured(config: GatewayConfig) -> bool:
     if config.budgets.task is not None:
         return True
     auth = config.auth
-    return auth is not None and (
-        auth.token_secret_env is not None or any(k.budget is not None for k in auth.keys)
-    )
+    return auth is not None and (auth.takes_tokens or any(k.budget is not None for k in auth.keys))
 
 
 class BudgetBook:

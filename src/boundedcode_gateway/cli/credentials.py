@@ -2,7 +2,8 @@
 
 ``key new`` prints a new caller key once, with the configuration lines that admit
 it (only its SHA-256); ``token`` mints a task-scoped token with the secret the
-configuration's ``auth.token_secret_env`` names.
+configuration's ``auth.token_secret_env`` or ``auth.token_secret_file`` names, for no
+longer than its ``auth.max_token_ttl_s``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from boundedcode_gateway.access.authenticate import token_secret
 from boundedcode_gateway.access.caller import ANY_MODEL
 from boundedcode_gateway.access.keys import key_digest, key_entry_yaml, new_key
+from boundedcode_gateway.access.token_secret import token_secrets
 from boundedcode_gateway.access.tokens import TokenError, mint_task_token, parse_duration
 from boundedcode_gateway.clock import utc_iso
 from boundedcode_gateway.config import GatewayConfig, KeySettings
@@ -54,13 +55,14 @@ def run_token(
     config: GatewayConfig, task: str, models: Sequence[str], ttl: str, budget_tokens: int | None
 ) -> int:
     """Print a task token signed with the configured secret; its scope goes to stderr."""
-    if config.auth is None or config.auth.token_secret_env is None:
+    if config.auth is None or not config.auth.takes_tokens:
         raise ConfigError(
             "auth.token_secret_env is not set: name the environment variable that holds "
-            "the token secret (32 bytes or more) under auth:"
+            "the token secret (32 bytes or more) under auth:, or its file as "
+            "auth.token_secret_file"
         )
-    secret = token_secret(config.auth, os.environ)
-    assert secret is not None  # token_secret_env is set
+    secrets = token_secrets(config.auth, os.environ)
+    assert secrets is not None  # a secret is configured
     unknown = [m for m in models if m != ANY_MODEL and m not in config.models]
     if unknown:
         print(f"boundedcode-gateway token: no such model: {', '.join(unknown)}", file=sys.stderr)
@@ -69,7 +71,13 @@ def run_token(
     try:
         ttl_s = parse_duration(ttl)
         token = mint_task_token(
-            secret, task=task, models=models, ttl_s=ttl_s, budget_tokens=budget_tokens, now=now
+            secrets.signing,
+            task=task,
+            models=models,
+            ttl_s=ttl_s,
+            budget_tokens=budget_tokens,
+            now=now,
+            max_ttl_s=config.auth.max_token_ttl_s,
         )
     except TokenError as exc:
         print(f"boundedcode-gateway token: {exc}", file=sys.stderr)

@@ -82,7 +82,11 @@ def _credential_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     token = sub.add_parser("token", help="mint a token for one task (a sandbox's credential)")
     token.add_argument("--task", required=True)
     token.add_argument("--models", required=True, help="comma-separated model names it may use")
-    token.add_argument("--ttl", required=True, help="how long it is valid: 90s, 30m, 2h, 7d")
+    token.add_argument(
+        "--ttl",
+        required=True,
+        help="how long it is valid: 90s, 30m, 2h, 7d (at most auth.max_token_ttl_s)",
+    )
     token.add_argument("--budget-tokens", type=int, help="the token budget it carries")
     token.add_argument("--config")
 

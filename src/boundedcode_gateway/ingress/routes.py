@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -192,7 +192,7 @@ class Router:
                 caller = login(_credential(scope, front, authorization))
             if ui is not None:
                 ui.check_access(live.config.ui, caller)
-                await ui(scope, receive, send)
+                await ui(scope, receive, send, self._readmits(ui, host, origin, authorization))
             elif front is not None:
                 if method != "POST":
                     raise MethodNotAllowed(f"Use POST for {path}")
@@ -228,6 +228,26 @@ class Router:
             error = internal_error(f"{method} {path}")
             self._unrecorded(front, error)
             await send_error(send, error, front=front)
+
+    def _readmits(
+        self, ui: UiRoutes, host: str | None, origin: str | None, authorization: str | None
+    ) -> Callable[[], bool]:
+        """Whether the page's request would be let in by the configuration in force now:
+        the checks above, asked again after a reload of an event stream still open."""
+
+        def admitted() -> bool:
+            live = self.service.live
+            try:
+                live.sites.check(host, origin)
+                authenticator = live.authenticator
+                caller = authenticator.viewer(authorization) if authenticator else None
+                ui.check_access(live.config.ui, caller)
+            except Exception:
+                # a refusal, or any fault in asking: the stream is ended, not kept open
+                return False
+            return True
+
+        return admitted
 
     def _unrecorded(self, front: Front | None, exc: GatewayError, told: bool = False) -> None:
         """A call refused without a record (``front``: None for a request that is not a

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -32,12 +32,14 @@ STREAMING_EVERY_S = 0.5
 class Viewer:
     """One connected page: its queue of encoded events and what it missed."""
 
-    __slots__ = ("_wake", "closed", "dropped", "queue")
+    __slots__ = ("_wake", "admitted", "closed", "dropped", "queue")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, admitted: Callable[[], bool] | None = None) -> None:
         self.queue: deque[bytes] = deque(maxlen=limit)
         self.dropped = 0
         self.closed = False
+        # whether the credential that opened the stream would open it now (None: always)
+        self.admitted = admitted
         self._wake = asyncio.Event()
 
     def close(self) -> None:
@@ -145,11 +147,12 @@ class CallEvents:
         """Events dropped for viewers too slow to read them, since the start."""
         return self._dropped_before + sum(v.dropped for v in self._viewers)
 
-    def join(self) -> Viewer | None:
-        """A new viewer, first told of the calls in flight; None when there are enough."""
+    def join(self, admitted: Callable[[], bool] | None = None) -> Viewer | None:
+        """A new viewer, first told of the calls in flight; None when there are enough.
+        ``admitted``: asked again by ``recheck_viewers``, the viewer ended when it says no."""
         if len(self._viewers) >= self._max_viewers:
             return None
-        viewer = Viewer(self._viewer_limit)
+        viewer = Viewer(self._viewer_limit, admitted)
         viewer.put(_event("in_flight", {"calls": self.in_flight}))
         self._viewers.append(viewer)
         return viewer
@@ -159,6 +162,14 @@ class CallEvents:
         otherwise hold its shutdown until the grace period ran out."""
         for viewer in self._viewers:
             viewer.close()
+
+    def recheck_viewers(self) -> None:
+        """End the stream of every viewer no longer let in (a reload removed its key, made
+        it an ordinary one, or turned the page off): the stream has no end of its own, so
+        a key taken away must not go on watching through one opened before."""
+        for viewer in self._viewers:
+            if viewer.admitted is not None and not viewer.admitted():
+                viewer.close()
 
     def leave(self, viewer: Viewer) -> None:
         if viewer in self._viewers:

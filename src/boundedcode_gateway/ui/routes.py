@@ -107,7 +107,15 @@ class UiRoutes:
                 code="ui_loopback_only",
             )
 
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    async def __call__(
+        self,
+        scope: dict[str, Any],
+        receive: Receive,
+        send: Send,
+        admitted: Callable[[], bool] | None = None,
+    ) -> None:
+        """Answer one request of the page; ``admitted``: whether its credential would be
+        let in now, asked after each reload to end an event stream it no longer opens."""
         path: str = scope["path"]
         if scope["method"] != "GET":
             raise MethodNotAllowed(f"Use GET for {path[:200]}")
@@ -122,7 +130,7 @@ class UiRoutes:
             await send({"type": "http.response.body", "body": b""})
             return
         if path.startswith(API_PREFIX):
-            await self._api(scope, receive, send, path[len(API_PREFIX) :])
+            await self._api(scope, receive, send, path[len(API_PREFIX) :], admitted)
             return
         name = path[len(UI_PREFIX) + 1 :] or "index.html"
         found = self._files.get(name)
@@ -133,10 +141,17 @@ class UiRoutes:
 
     # -- the data
 
-    async def _api(self, scope: dict[str, Any], receive: Receive, send: Send, name: str) -> None:
+    async def _api(
+        self,
+        scope: dict[str, Any],
+        receive: Receive,
+        send: Send,
+        name: str,
+        admitted: Callable[[], bool] | None,
+    ) -> None:
         query: bytes = scope.get("query_string", b"")
         if name == "events":
-            await self._event_stream(receive, send)
+            await self._event_stream(receive, send, admitted)
             return
         if name == "calls":
             out: Any = await self._calls(query)
@@ -211,8 +226,10 @@ class UiRoutes:
 
     # -- the event stream
 
-    async def _event_stream(self, receive: Receive, send: Send) -> None:
-        viewer = self._events.join()
+    async def _event_stream(
+        self, receive: Receive, send: Send, admitted: Callable[[], bool] | None
+    ) -> None:
+        viewer = self._events.join(admitted)
         if viewer is None:
             raise GatewayError(
                 "too many viewers of the page of calls; close one",
