@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from boundedcode_gateway.ingress.validate import TASK_ID
 from boundedcode_gateway.providers.registry import REASONING_FILES
+from boundedcode_gateway.reasoning_store import folders
 from boundedcode_gateway.reasoning_store.folders import (
     folder_name,
     rename_earlier_folders,
@@ -128,9 +129,11 @@ def test_an_earlier_folder_whose_new_name_is_taken_is_left_as_it_is(
 def test_only_folders_of_the_earlier_naming_are_renamed(tmp_path: Path) -> None:
     earlier_folder(tmp_path, "Build", "earlier")
     (tmp_path / "Notes").write_text("a file, not a task folder")
+    (tmp_path / "My Notes").mkdir()  # no task's: a space
     earlier_folder(tmp_path, "mytask+5", "now")
     assert rename_earlier_folders(tmp_path) == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["Notes", "build+1", "mytask+5"]
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["My Notes", "Notes", "build+1", "mytask+5"]
     assert rename_earlier_folders(tmp_path) == 0
 
 
@@ -140,3 +143,8 @@ def test_retention_names_the_tasks_it_removes(tmp_path: Path) -> None:
         folder.mkdir()
         (folder / REPLAY).write_bytes(line(task))
     assert sorted(remove_idle_folders(tmp_path, float("inf"))) == ["MyTask", "mytask"]
+
+
+def test_the_folders_know_the_ids_ingress_lets_in() -> None:
+    # reasoning_store does not import ingress; the two patterns must not drift apart
+    assert folders._TASK_ID.pattern == TASK_ID.pattern
