@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from boundedcode_gateway import private_files
 from boundedcode_gateway.access.listen import listen_refusal
 from boundedcode_gateway.access.sites import DEFAULT_LISTEN_HOST
 from boundedcode_gateway.access.token_secret import token_secrets
@@ -78,6 +79,8 @@ class GatewayApp:
         self._source = source
         # the address served: what requests may name as Host, kept across reloads
         self.listen_host = listen_host
+        # what callers sent and what answered them lies there: the gateway user's alone
+        private_files.private_data_folder(config.data_path)
         proxies = ProxySettings.from_environ(os.environ)
         if proxies.describe():
             log.info("proxy: %s", proxies.describe())

@@ -3,7 +3,8 @@
 The call log and the reasoning store keep their records this way. A crash can
 leave a last line without its newline; the next append starts on a fresh line
 so that its first record is not glued to the broken one, and readers skip what
-does not parse. Writers run off the request path (these are blocking calls).
+does not parse. Writers run off the request path (these are blocking calls). The
+files and their folders are the gateway user's alone (``private_files.py``).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from typing import Any
 
 import orjson
 
+from boundedcode_gateway import private_files
+
 
 def append(path: Path, data: bytes) -> None:
     """Append ``data`` (whole lines, each ending in a newline) in one write."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+b") as f:
+    private_files.make_folder(path.parent)
+    with private_files.open_append(path, readable=True) as f:
         if f.seek(0, 2) > 0:
             f.seek(-1, 2)
             if f.read(1) != b"\n":

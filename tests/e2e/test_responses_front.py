@@ -186,7 +186,9 @@ def test_gateways_sharing_the_key_file_open_each_others_seals(
     shared = tmp_path / "shared"
     first = start_gateway(upstreams.profiles, data_dir=shared / "a")
     (shared / "b").mkdir(parents=True)
-    (shared / "b" / "front-seal.key").write_bytes((shared / "a" / "front-seal.key").read_bytes())
+    copy = shared / "b" / "front-seal.key"
+    copy.write_bytes((shared / "a" / "front-seal.key").read_bytes())
+    copy.chmod(0o600)  # as `cp` keeps it: a key others may read stops the start
     second = start_gateway(upstreams.profiles, data_dir=shared / "b")
     upstreams.llama.queue(TURNS[0], TURNS[4])
     items: list[Any] = [{"role": "user", "content": "Read."}]

@@ -6,7 +6,9 @@ back with its next request: Anthropic's Messages front a thinking block with its
 gateway signs the first (HMAC-SHA256) and encrypts the second (Fernet: AES-128-CBC
 with an HMAC), with one key kept in ``data_dir/front-seal.key`` (made at first
 start, readable by its owner only). Several gateways that serve the same callers
-share the file.
+share the file. A key file open to anyone but its owner is refused, not tightened:
+whoever read it can forge and open seals, so the operator is to decide whether to
+keep it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import os
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
+
+from boundedcode_gateway import private_files
+from boundedcode_gateway.errors import ConfigError
 
 KEY_FILE = "front-seal.key"
 # tells the gateway's signatures from anyone else's, and their version
@@ -38,14 +43,15 @@ class Sealer:
 
     @classmethod
     def in_folder(cls, folder: Path) -> Sealer:
-        """The sealer of the key in ``folder``, made there (mode 0600) if it is not yet."""
+        """The sealer of the key in ``folder``, made there (mode 0600) if it is not yet; a
+        ``ConfigError`` for a key file others may read or write."""
         path = folder / KEY_FILE
-        folder.mkdir(parents=True, exist_ok=True)
+        private_files.make_folder(folder)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            out = private_files.create_new(path)
         except FileExistsError:
-            return cls(path.read_bytes())
-        with os.fdopen(fd, "wb") as out:
+            return cls(_read_key(path))
+        with out:
             key = os.urandom(32)
             out.write(key)
         return cls(key)
@@ -74,3 +80,18 @@ class Sealer:
             return self._fernet.decrypt(token.encode())
         except (InvalidToken, ValueError):
             return None
+
+
+def _read_key(path: Path) -> bytes:
+    """The key in ``path``, which must be its owner's alone."""
+    with path.open("rb") as f:
+        st = os.fstat(f.fileno())
+        if private_files.open_to_others(st):
+            raise ConfigError(
+                f"the seal key {path} is open to others (mode {private_files.mode_of(st):04o}): "
+                "whoever can read it can forge the gateway's signatures and open what it "
+                f"sealed. Run `chmod 600 {path}` if nobody else can have read it; otherwise "
+                "remove it, and the gateway makes a new key at its next start (seals made "
+                "with the old one are then no longer given back)"
+            )
+        return f.read()

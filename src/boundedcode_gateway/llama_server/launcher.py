@@ -5,7 +5,8 @@ Owns the process and its state; it must not know chat payloads. Each start gives
 the server a fresh key and an environment reduced to what it needs
 (``environment.py``); everything the gateway sends it carries ``auth_headers()``. The
 child is put in its own session (a Ctrl-C meant for the gateway does not hit it first)
-and asked to die with the gateway (PR_SET_PDEATHSIG), so no server outlives it.
+and asked to die with the gateway (PR_SET_PDEATHSIG), so no server outlives it. Its
+log, which holds what the server prints of prompts, is the gateway user's alone.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from boundedcode_gateway import private_files
 from boundedcode_gateway.errors import GatewayError, UpstreamUnavailable
 from boundedcode_gateway.llama_server.environment import new_api_key, server_environment
 from boundedcode_gateway.llama_server.flags import LOOPBACK, ServerCommand, shown_argv
@@ -195,8 +197,8 @@ class ManagedLlamaServer:
         env = server_environment(os.environ, cmd.env, self._key, cmd.pass_env)
         if self._state != "failed":
             self._state = "restarting" if self.restarts else "starting"
-        self._log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self._log_path, "ab") as out:
+        private_files.make_folder(self._log_path.parent)
+        with private_files.open_append(self._log_path) as out:
             self._proc = subprocess.Popen(
                 cmd.argv,
                 env=env,

@@ -3,6 +3,7 @@
 Owns the connection, the schema migrations and the SQL text (the ``?`` paramstyle
 stays in this file). It must not be shared between threads: the connection is
 created and used by one thread only (the meter writer's, or the CLI's for reads).
+The file is the gateway user's alone (``private_files.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
+from boundedcode_gateway import private_files
 from boundedcode_gateway.clock import utc_now_iso
 from boundedcode_gateway.metering.ledger_queries import (
     CALL_SQL,
@@ -171,7 +173,7 @@ class Ledger:
             uri = self.path.resolve().as_uri() + "?mode=ro"
             conn = sqlite3.connect(uri, uri=True, isolation_level=None)
         else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._make_private()
             # isolation_level=None: transactions are begun and ended explicitly below.
             conn = sqlite3.connect(self.path, isolation_level=None)
             # WAL, synchronous=NORMAL: a commit appends to the log without an fsync, a
@@ -187,6 +189,15 @@ class Ledger:
             conn.close()
             raise
         self._conn = conn
+
+    def _make_private(self) -> None:
+        """The file made 0600 before SQLite opens it: SQLite makes its ``-wal`` and ``-shm``
+        files with the database file's mode. Those of an earlier run are tightened too."""
+        private_files.make_folder(self.path.parent)
+        with private_files.open_append(self.path):
+            pass
+        for suffix in ("-wal", "-shm", "-journal"):
+            private_files.tighten(self.path.with_name(self.path.name + suffix))
 
     def insert(self, records: Sequence[CallRecord]) -> list[Rejected]:
         """Insert the records in one transaction; the records it cannot hold are returned.

@@ -3,7 +3,8 @@
 Items carry task, provider and model profile (reasoning is data with
 provenance). Each task's items live in its folder, one append-only JSONL file
 per kind, named by the provider that writes the kind (``tasks/<task>/local-replay.jsonl``
-for llama.cpp's reasoning text),
+for llama.cpp's reasoning text; the folder's name keeps ids that differ only in case
+apart, ``folders.py``),
 so a resumed run and a restarted gateway keep them. A partial last line from a
 crash is skipped. Appends go through one background thread, so lines of
 concurrent calls never interleave and the request path never waits on disk.
@@ -36,6 +37,11 @@ import orjson
 
 from boundedcode_gateway import jsonl
 from boundedcode_gateway.lru import Clock, IdleLru
+from boundedcode_gateway.reasoning_store.folders import (
+    folder_name,
+    rename_earlier_folders,
+    task_of,
+)
 
 T = TypeVar("T")
 
@@ -56,10 +62,11 @@ class ReasoningItem:
 
 class _Appender:
     """The one thread that appends lines to the task files, and does whatever else must not
-    run between two of its appends (a task folder's removal)."""
+    run between two of its appends (a task folder's removal); ``first``, before them all."""
 
-    def __init__(self) -> None:
+    def __init__(self, first: Callable[[], object]) -> None:
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._queue.put(partial(_run_logged, first))
         self._thread = threading.Thread(target=self._run, name="reasoning-appender", daemon=True)
         self._thread.start()
 
@@ -86,6 +93,13 @@ class _Appender:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(10)
+
+
+def _run_logged(job: Callable[[], object]) -> None:
+    try:
+        job()
+    except Exception:
+        log.exception("the reasoning store's first job failed")
 
 
 def _append_line(path: Path, line: bytes) -> None:
@@ -155,13 +169,15 @@ class ReasoningStore:
         self._items: IdleLru[str, Items] = IdleLru(max_tasks, idle_s, clock, max_bytes)
         self._loading: dict[str, asyncio.Lock] = {}
         self._appender: _Appender | None = None
+        # a load (on a worker thread) may be the first to need the thread, as may the loop
+        self._appender_lock = threading.Lock()
 
     @property
     def tasks_in_memory(self) -> int:
         return len(self._items)
 
     def _path(self, task: str, kind: str) -> Path:
-        return self.tasks_dir / task / self._files[kind]
+        return self.tasks_dir / folder_name(task) / self._files[kind]
 
     async def task(self, task: str) -> TaskReasoning:
         """The task's reasoning, read from disk (off the event loop) the first time."""
@@ -181,9 +197,9 @@ class ReasoningStore:
     def _load(self, task: str) -> tuple[Items, int]:
         """The task's items and the bytes of the lines they would be: a file of the earlier
         form holds many copies of one text, of which memory holds one."""
-        if self._appender is not None:
-            # lines of a task forgotten while they were queued: on disk before it is read
-            self._appender.run(lambda: None).result()
+        # lines of a task forgotten while they were queued, and the folders of the earlier
+        # naming renamed (the thread's first job): on disk before it is read
+        self._running_appender().run(lambda: None).result()
         items: Items = {}
         for kind in self._files:
             for item in _read_items(self._path(task, kind), kind):
@@ -237,20 +253,22 @@ class ReasoningStore:
         return removed
 
     def _running_appender(self) -> _Appender:
-        if self._appender is None:
-            self._appender = _Appender()
-        return self._appender
+        with self._appender_lock:
+            if self._appender is None:
+                self._appender = _Appender(partial(rename_earlier_folders, self.tasks_dir))
+            return self._appender
 
     def close(self) -> None:
         """Write every line still queued."""
-        if self._appender is not None:
-            self._appender.close()
-            self._appender = None
+        with self._appender_lock:
+            appender, self._appender = self._appender, None
+        if appender is not None:
+            appender.close()
 
 
 def remove_idle_folders(tasks_dir: Path, cutoff: float) -> list[str]:
     """Remove each folder under ``tasks_dir`` whose newest file was last modified before
-    ``cutoff``; the folders removed, by name. Blocking: never on the event loop."""
+    ``cutoff``; the tasks removed. Blocking: never on the event loop."""
     removed: list[str] = []
     try:
         folders = [p for p in tasks_dir.iterdir() if p.is_dir() and not p.is_symlink()]
@@ -270,7 +288,7 @@ def remove_idle_folders(tasks_dir: Path, cutoff: float) -> list[str]:
         except OSError:
             log.exception("cannot remove the idle task folder %s", folder)
             continue
-        removed.append(folder.name)
+        removed.append(task_of(folder.name))
     return removed
 
 
