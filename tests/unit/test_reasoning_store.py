@@ -199,4 +199,4 @@ async def test_a_file_of_many_copies_loads_into_one_copy(tmp_path: Path) -> None
     assert peak < 32 << 20, f"{peak:,} bytes at the most"
     assert weight < 2 * len(WIDE_TEXT)
     assert len({id(item) for item in items.values()}) == 1
-    assert {key for _, key in items} == set(WIDE_KEYS)
+    assert {key for _, _, key in items} == set(WIDE_KEYS)
