@@ -201,9 +201,12 @@ def test_a_seal_of_another_gateway_key_is_dropped(
     assert sent_reasoning(upstreams)[-1] == [None]
 
 
-def test_gateways_sharing_the_key_file_open_each_others_seals(
-    upstreams: Upstreams, start_gateway: GatewayFactory, tmp_path: Any
+@pytest.mark.parametrize(("task", "opened"), [("one", True), ("two", False)])
+def test_gateways_sharing_the_key_file_open_each_others_seals_for_their_task(
+    upstreams: Upstreams, start_gateway: GatewayFactory, tmp_path: Any, task: str, opened: bool
 ) -> None:
+    """The second gateway's store is empty: what comes back comes from the seal, which
+    opens in a call of the task it was made in only."""
     shared = tmp_path / "shared"
     first = start_gateway(upstreams.profiles, data_dir=shared / "a")
     (shared / "b").mkdir(parents=True)
@@ -212,8 +215,9 @@ def test_gateways_sharing_the_key_file_open_each_others_seals(
     upstreams.llama.queue(TURNS[0], TURNS[4])
     items: list[Any] = [{"role": "user", "content": "Read."}]
     answer = create(first.client(task="one"), items)
-    create(second.client(task="one"), items + answered(answer, True, "x"))
-    assert sent_reasoning(upstreams)[-1] == [TURNS[0].reasoning_content]
+    create(second.client(task=task), items + answered(answer, True, "x"))
+    expected = TURNS[0].reasoning_content if opened else None
+    assert sent_reasoning(upstreams)[-1] == [expected]
 
 
 def raw_stream(gw: Gateway, body: dict[str, Any], headers: dict[str, str] | None = None) -> bytes:
