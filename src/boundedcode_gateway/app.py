@@ -284,20 +284,21 @@ class GatewayApp:
             raise
         self.service.use(new)
         self._use_budgets(config)
-        await self._use_seal_keys(config)
+        await self._use_seal_keys(config, old.config)
         self.config = config
         log.info("configuration reloaded: %s", changes.describe())
         for key in restart_only_changes(old.config, config):
             log.warning("configuration: %s changed; it takes effect at the next start", key)
         return ReloadResult(True, changes=changes)
 
-    async def _use_seal_keys(self, config: GatewayConfig) -> None:
+    async def _use_seal_keys(self, config: GatewayConfig, running: GatewayConfig) -> None:
         """Sign and seal with the key ring as it is now (``seal-key rotate`` changed it),
-        and hold what callers give back to the reloaded maximum age. A ring that cannot be
-        read keeps the running one."""
+        and hold what callers give back to the reloaded maximum age. The ring is the running
+        ``data_dir``'s (a new one takes effect at the next start); one that cannot be read
+        keeps the running ring."""
         self.sealer.use_max_age(config.reasoning.seal_max_age_s)
         try:
-            ring = await asyncio.to_thread(read_ring, config.data_path)
+            ring = await asyncio.to_thread(read_ring, running.data_path)
         except (OSError, ValueError) as exc:
             log.error("the seal key ring cannot be read (the running one is kept): %s", exc)
             return

@@ -67,3 +67,16 @@ def test_a_rotation_signs_with_a_new_key_after_a_reload(
     lines = rotate(config, capsys, "--keep", "2")
     third = lines[0].removeprefix("signing key: ")
     assert lines == [f"signing key: {third}", f"verifying key: {second}", f"removed key: {first}"]
+
+
+def test_a_reload_keeps_the_running_ring_when_the_file_is_broken(
+    upstreams: Upstreams, start_gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    text = yaml.safe_dump({"data_dir": str(data), "models": upstreams.profiles})
+    gw = start_gateway(upstreams.profiles, data_dir=data)
+    before = signature_key(gw, upstreams)
+    (data / KEY_FILE).write_bytes(b"not a ring")
+    future = asyncio.run_coroutine_threadsafe(gw.app.reload(parse_config(text)), gw.app.loop)  # type: ignore[arg-type]
+    assert future.result(30).applied
+    assert signature_key(gw, upstreams) == before
