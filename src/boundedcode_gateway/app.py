@@ -20,7 +20,7 @@ from boundedcode_gateway.budgets.store import LedgerSpendStore, SpendStore
 from boundedcode_gateway.config import ConfigSource, GatewayConfig, UpstreamLimitsSettings
 from boundedcode_gateway.errors import ConfigError, GatewayError, internal_error
 from boundedcode_gateway.fronts.registry import fronts_by_path
-from boundedcode_gateway.fronts.sealing import Sealer
+from boundedcode_gateway.fronts.sealing import Sealer, key_id, read_ring
 from boundedcode_gateway.ingress.body import BodyParser
 from boundedcode_gateway.ingress.body_read import ReadingBudget
 from boundedcode_gateway.ingress.render import Receive, Send, send_error
@@ -154,7 +154,8 @@ class GatewayApp:
             config.ledger_location if config.metering.enabled else None,
             listen_host,
         )
-        fronts = fronts_by_path(Sealer.in_folder(config.data_path))
+        self.sealer = Sealer.in_folder(config.data_path, max_age_s=config.reasoning.seal_max_age_s)
+        fronts = fronts_by_path(self.sealer)
         self.router = Router(
             self.service,
             self.metrics,
@@ -295,11 +296,27 @@ class GatewayApp:
         # an open page's event stream is let in again by the new keys, or ended
         self.events.recheck_viewers()
         self._use_budgets(config)
+        await self._use_seal_keys(config, old.config)
         self.config = config
         log.info("configuration reloaded: %s", changes.describe())
         for key in restart_only_changes(old.config, config):
             log.warning("configuration: %s changed; it takes effect at the next start", key)
         return ReloadResult(True, changes=changes)
+
+    async def _use_seal_keys(self, config: GatewayConfig, running: GatewayConfig) -> None:
+        """Sign and seal with the key ring as it is now (``seal-key rotate`` changed it),
+        and hold what callers give back to the reloaded maximum age. The ring is the running
+        ``data_dir``'s (a new one takes effect at the next start); one that cannot be read
+        keeps the running ring."""
+        self.sealer.use_max_age(config.reasoning.seal_max_age_s)
+        try:
+            ring = await asyncio.to_thread(read_ring, running.data_path)
+        except (OSError, ValueError, ConfigError) as exc:
+            log.error("the seal key ring cannot be read (the running one is kept): %s", exc)
+            return
+        if [key_id(k) for k in ring] != self.sealer.key_ids:
+            self.sealer.use_ring(ring)
+            log.info("seal keys: signing with %s", key_id(ring[0]))
 
     def _use_budgets(self, config: GatewayConfig) -> None:
         """Hold new calls to the reloaded task budget; the spending so far is kept. The

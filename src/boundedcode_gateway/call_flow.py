@@ -201,7 +201,7 @@ class CallFlow:
         body = discard.without_stream_option(body)
         self._stream = options.stream
         check_request(body, caps, upstream.name)
-        task_reasoning = self._reasoning = await self._shared.reasoning.task(ctx.task)
+        task_reasoning = self._reasoning = await self._shared.reasoning.task(ctx.task, ctx.scope)
         if self._keeper is not None:
             conversation = (ctx.task, ctx.purpose, upstream.name)
             self._previous = self._shared.continuity.previous(conversation)

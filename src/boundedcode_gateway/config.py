@@ -189,6 +189,8 @@ class PriceSettings(_Strict):
 
 
 BudgetPeriod = Literal["day", "lifetime"]
+# who shares a task's stored reasoning and the seals given back (docs/security.md)
+ReasoningSharing = Literal["caller", "task"]
 
 
 class BudgetSettings(_Strict):
@@ -365,6 +367,22 @@ class RetentionSettings(_Strict):
     @property
     def call_log_bytes(self) -> int | None:
         return None if self.call_log_mib is None else int(self.call_log_mib * 1024 * 1024)
+
+
+class ReasoningSettings(_Strict):
+    """``reasoning:``: who shares what the gateway keeps of a task's reasoning, and for how
+    long what it hands callers to give back stays good (docs/security.md, "Stored
+    reasoning, signatures and seals")."""
+
+    # caller: each caller key its own (a task's tokens one together); task: everyone on
+    # the task, as one caller
+    shared_by: ReasoningSharing = "caller"
+    # a thinking block's signature or a reasoning item's seal older than this is refused
+    seal_max_age_days: float = Field(default=30.0, gt=0, le=3650)
+
+    @property
+    def seal_max_age_s(self) -> int:
+        return int(self.seal_max_age_days * 86400)
 
 
 class MeteringSettings(_Strict):
@@ -715,6 +733,7 @@ class GatewayConfig(_Strict):
     budgets: BudgetsSettings = BudgetsSettings()
     limits: LimitsSettings = LimitsSettings()
     retention: RetentionSettings = RetentionSettings()
+    reasoning: ReasoningSettings = ReasoningSettings()
     # the page of calls at /ui/ (on loopback, or for an admin key with auth:)
     ui: bool = True
     models: dict[str, ModelProfile] = Field(min_length=1)

@@ -84,7 +84,7 @@ def test_a_whole_answer(gateway: Gateway, upstreams: Upstreams) -> None:
     )
     assert [b.type for b in message.content] == ["thinking", "text"]
     assert message.content[0].thinking == "Read it."  # type: ignore[union-attr]
-    assert message.content[0].signature.startswith("bcg1.")  # type: ignore[union-attr]
+    assert message.content[0].signature.startswith("bcg2.")  # type: ignore[union-attr]
     assert message.content[1].text == "It describes the gateway."  # type: ignore[union-attr]
     assert message.stop_reason == "end_turn" and message.id.startswith("msg_")
     sent = upstreams.llama.requests.last.body
@@ -665,10 +665,10 @@ def test_where_the_template_takes_one_system_message_it_is_folded_and_the_cache_
 @pytest.mark.parametrize(
     "signature",
     [
-        pytest.param("bcg1.\u00e9t\u00e9", id="latin-1"),
+        pytest.param("bcg2.\u00e9t\u00e9", id="latin-1"),
         pytest.param("\u043a\u043b\u044e\u0447", id="cyrillic"),
-        pytest.param("bcg1.\u202eevil", id="bidi-override"),
-        pytest.param("bcg1." + "\U0001f600" * 2000, id="long-emoji"),
+        pytest.param("bcg2.\u202eevil", id="bidi-override"),
+        pytest.param("bcg2." + "\U0001f600" * 2000, id="long-emoji"),
     ],
 )
 def test_a_signature_outside_ascii_is_an_unverified_block(

@@ -24,6 +24,7 @@ from openai.types.responses import (
     ResponseFunctionToolCall,
 )
 
+from boundedcode_gateway.fronts.sealing import KEY_FILE
 from tests.e2e.conftest import Gateway, GatewayFactory, Upstreams
 from tests.fakes.common import Reply
 from tests.responses_sdk import EVENT_CLASSES, check_response, check_stream
@@ -102,16 +103,21 @@ def answered(answer: Response, keep_reasoning: bool, output: str) -> list[Any]:
 
 
 def tool_loop(
-    gw: Gateway, upstreams: Upstreams, ask: Ask, keep_reasoning: bool, task: Callable[[int], str]
+    gw: Gateway | Callable[[int], Gateway],
+    upstreams: Upstreams,
+    ask: Ask,
+    keep_reasoning: bool,
+    task: Callable[[int], str],
 ) -> list[Response]:
     """Five turns as Codex runs them with store false: the whole input each time, the
     answer's items appended (its reasoning items only when ``keep_reasoning``) and each
-    function call's output."""
+    function call's output; ``gw``: the gateway, or the gateway of each turn."""
     upstreams.llama.queue(*TURNS)
     items: list[Any] = [{"role": "user", "content": "Read the four files."}]
     answers = []
     for turn in range(len(TURNS)):
-        answer = ask(gw.client(task=task(turn)), items)
+        served_by = gw if isinstance(gw, Gateway) else gw(turn)
+        answer = ask(served_by.client(task=task(turn)), items)
         answers.append(answer)
         items += answered(answer, keep_reasoning, f"contents of file {turn}")
     return answers
@@ -126,12 +132,29 @@ def sent_reasoning(upstreams: Upstreams) -> list[list[str | None]]:
     ]
 
 
+def sharing_the_key_file(
+    start_gateway: GatewayFactory, upstreams: Upstreams, shared: Path, n: int
+) -> list[Gateway]:
+    """``n`` gateways, each with a data folder (and a reasoning store) of its own, all with
+    the key file of the first."""
+    gateways = [start_gateway(upstreams.profiles, data_dir=shared / "0")]
+    for i in range(1, n):
+        (shared / str(i)).mkdir(parents=True)
+        copy = shared / str(i) / KEY_FILE
+        copy.write_bytes((shared / "0" / KEY_FILE).read_bytes())
+        copy.chmod(0o600)  # a key others may read stops the start
+        gateways.append(start_gateway(upstreams.profiles, data_dir=shared / str(i)))
+    return gateways
+
+
 @pytest.mark.parametrize("ask", ASKS, ids=list(ASKS))
 def test_reasoning_comes_back_from_encrypted_content(
-    gateway: Gateway, upstreams: Upstreams, ask: str
+    upstreams: Upstreams, start_gateway: GatewayFactory, tmp_path: Path, ask: str
 ) -> None:
-    # a task per turn: the reasoning store has nothing to give, the seals all of it
-    answers = tool_loop(gateway, upstreams, ASKS[ask], True, lambda turn: f"sealed-{ask}-{turn}")
+    # a gateway per turn, each with its own store: the store has nothing to give, the
+    # seals (bound to the task, which stays the same) all of it
+    gateways = sharing_the_key_file(start_gateway, upstreams, tmp_path / "shared", len(TURNS))
+    answers = tool_loop(gateways.__getitem__, upstreams, ASKS[ask], True, lambda _: "sealed")
     for answer, turn in zip(answers, TURNS, strict=True):
         reasoning = answer.output[0]
         assert reasoning.type == "reasoning" and reasoning.encrypted_content
@@ -140,7 +163,7 @@ def test_reasoning_comes_back_from_encrypted_content(
     assert [len(s) for s in sent] == [0, 1, 2, 3, 4]
     for per_request in sent:
         assert per_request == [t.reasoning_content for t in TURNS[: len(per_request)]]
-    calls = [c for c in gateway.calls() if c["task"].startswith("sealed-")]
+    calls = [c for gw in gateways for c in gw.calls() if c["task"] == "sealed"]
     assert {c["front"] for c in calls} == {"responses"}
     # each turn's prompt matched the server's cache up to what was new
     for call in calls[1:]:
@@ -176,13 +199,16 @@ def test_a_seal_of_another_gateway_key_is_dropped(
     upstreams.llama.queue(TURNS[0], TURNS[4])
     items: list[Any] = [{"role": "user", "content": "Read."}]
     answer = create(first.client(task="one"), items)
-    create(second.client(task="two"), items + answered(answer, True, "x"))
+    create(second.client(task="one"), items + answered(answer, True, "x"))
     assert sent_reasoning(upstreams)[-1] == [None]
 
 
-def test_gateways_sharing_the_key_file_open_each_others_seals(
-    upstreams: Upstreams, start_gateway: GatewayFactory, tmp_path: Any
+@pytest.mark.parametrize(("task", "opened"), [("one", True), ("two", False)])
+def test_gateways_sharing_the_key_file_open_each_others_seals_for_their_task(
+    upstreams: Upstreams, start_gateway: GatewayFactory, tmp_path: Any, task: str, opened: bool
 ) -> None:
+    """The second gateway's store is empty: what comes back comes from the seal, which
+    opens in a call of the task it was made in only."""
     shared = tmp_path / "shared"
     first = start_gateway(upstreams.profiles, data_dir=shared / "a")
     (shared / "b").mkdir(parents=True)
@@ -193,8 +219,9 @@ def test_gateways_sharing_the_key_file_open_each_others_seals(
     upstreams.llama.queue(TURNS[0], TURNS[4])
     items: list[Any] = [{"role": "user", "content": "Read."}]
     answer = create(first.client(task="one"), items)
-    create(second.client(task="two"), items + answered(answer, True, "x"))
-    assert sent_reasoning(upstreams)[-1] == [TURNS[0].reasoning_content]
+    create(second.client(task=task), items + answered(answer, True, "x"))
+    expected = TURNS[0].reasoning_content if opened else None
+    assert sent_reasoning(upstreams)[-1] == [expected]
 
 
 def raw_stream(gw: Gateway, body: dict[str, Any], headers: dict[str, str] | None = None) -> bytes:

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from boundedcode_gateway.access.caller import TASK_SCOPE
 from boundedcode_gateway.metering.location import PostgresLocation
 from boundedcode_gateway.metering.pg_ledger import apply_migrations, load_pg_migrations, migrate
 from boundedcode_gateway.policy.history_diff import GREW_ONLY, HistoryTracker, unpack_digests
@@ -460,5 +461,71 @@ async def test_rows_of_the_version_before_become_one_row_per_answer(pg: PgDataba
         assert await gateway.find("t", "reasoning_content", "tool:e") == "new"
         applied = pg.fetch(f"SELECT version FROM {MIGRATIONS_TABLE} ORDER BY version")
         assert [r["version"] for r in applied] == [m.version for m in load_state_migrations()]
+    finally:
+        await closed([gateway])
+
+
+async def test_each_caller_scope_finds_and_replaces_its_own_rows_only(
+    two: tuple[Gateway, Gateway],
+) -> None:
+    """Two callers on one task, on two gateways: the second keeps an answer under the
+    first's keys; each finds its own, neither replaced the other's row."""
+    a, b = two
+    alice, bob = "key:alice", "key:bob"
+    first = await a.reasoning.task("t", alice)
+    first.keep("reasoning_content", ["tool:call_1"], "local", "qwen", "alice's")
+    await first.saved()
+    assert (await b.reasoning.task("t", bob)).find("reasoning_content", ["tool:call_1"]) is None
+    second = await b.reasoning.task("t", bob)
+    second.keep("reasoning_content", ["tool:call_1"], "local", "qwen", "bob's")
+    await second.saved()
+    for gateway in (a, b):
+        for scope, data in ((alice, "alice's"), (bob, "bob's")):
+            item = (await gateway.reasoning.task("t", scope)).find(
+                "reasoning_content", ["tool:call_1"]
+            )
+            assert item is not None and (item.data, item.scope) == (data, scope)
+        shared = await gateway.reasoning.task("t", TASK_SCOPE)
+        assert shared.find("reasoning_content", ["tool:call_1"]) is None
+
+
+async def test_rows_of_before_scopes_belong_to_everyone_on_the_task(pg: PgDatabase) -> None:
+    """A database the version before wrote (no scope): its rows are found by calls that
+    share the task, not by a caller key's."""
+    previous = load_state_migrations()[:2]
+    assert previous[-1].version == 2
+
+    async def written_by_the_version_before() -> None:
+        conn = await asyncpg.connect(pg.url)
+        try:
+            await apply_migrations(conn, previous, MIGRATIONS_TABLE, MIGRATION_LOCK_KEY)
+            await conn.execute(
+                "INSERT INTO state_tasks (task, reasoning_seq, written_at) VALUES ('t', 1, now())"
+            )
+            await conn.execute(
+                "INSERT INTO state_reasoning (task, seq, kind, keys, provider, profile, data) "
+                "VALUES ('t', 1, 'reasoning_content', ARRAY['tool:a'], 'local', 'qwen', $1)",
+                orjson.dumps("old"),
+            )
+        finally:
+            await conn.close()
+
+    run_async(written_by_the_version_before)
+    [gateway] = await opened(pg.url)
+    try:
+        shared = (await gateway.reasoning.task("t", TASK_SCOPE)).find(
+            "reasoning_content", ["tool:a"]
+        )
+        assert shared is not None and shared.data == "old"
+        keyed = await gateway.reasoning.task("t", "key:alice")
+        assert keyed.find("reasoning_content", ["tool:a"]) is None
+        # a caller key's answer under the old row's keys leaves the old row alone
+        keyed.keep("reasoning_content", ["tool:a"], "local", "qwen", "alice's")
+        await keyed.saved()
+        rows = pg.fetch("SELECT scope, data FROM state_reasoning ORDER BY seq")
+        assert [(r["scope"], orjson.loads(r["data"])) for r in rows] == [
+            (TASK_SCOPE, "old"),
+            ("key:alice", "alice's"),
+        ]
     finally:
         await closed([gateway])

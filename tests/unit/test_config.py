@@ -193,3 +193,15 @@ def test_a_key_no_header_can_carry_is_refused_naming_the_variable(
 def test_a_key_a_header_can_carry_is_used(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", key)
     assert parse_config(GOOD).models["gpt"].api_key() == key
+
+
+def test_reasoning_sharing_and_the_seals_age_default_and_are_checked() -> None:
+    settings = parse_config(GOOD).reasoning
+    assert (settings.shared_by, settings.seal_max_age_days) == ("caller", 30)
+    assert settings.seal_max_age_s == 30 * 86400
+    shared = parse_config(GOOD + "reasoning: {shared_by: task, seal_max_age_days: 1.5}\n")
+    assert shared.reasoning.shared_by == "task" and shared.reasoning.seal_max_age_s == 129600
+    with pytest.raises(ConfigError, match=r"reasoning\.shared_by"):
+        parse_config(GOOD + "reasoning: {shared_by: everyone}\n", "<c>")
+    with pytest.raises(ConfigError, match=r"reasoning\.seal_max_age_days"):
+        parse_config(GOOD + "reasoning: {seal_max_age_days: 0}\n", "<c>")

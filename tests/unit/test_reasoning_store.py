@@ -11,6 +11,7 @@ from pathlib import Path
 
 import orjson
 
+from boundedcode_gateway.access.caller import TASK_SCOPE
 from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 
@@ -199,4 +200,29 @@ async def test_a_file_of_many_copies_loads_into_one_copy(tmp_path: Path) -> None
     assert peak < 32 << 20, f"{peak:,} bytes at the most"
     assert weight < 2 * len(WIDE_TEXT)
     assert len({id(item) for item in items.values()}) == 1
-    assert {key for _, key in items} == set(WIDE_KEYS)
+    assert {key for _, _, key in items} == set(WIDE_KEYS)
+
+
+async def test_each_scope_keeps_its_own_and_lines_of_before_scopes_are_the_task_s(
+    tmp_path: Path,
+) -> None:
+    """A line without a scope (written before scopes) belongs to everyone on the task; a
+    caller key's items are found by its scope only, also once read back from the file."""
+    path = tmp_path / "tasks" / "t" / "local-replay.jsonl"
+    path.parent.mkdir(parents=True)
+    old = {"keys": ["tool:a"], "provider": "local", "profile": "p", "data": "old"}
+    path.write_bytes(orjson.dumps(old) + b"\n")
+    store = ReasoningStore(tmp_path, REASONING_FILES)
+    alice = await store.task("t", "key:alice")
+    assert alice.find("reasoning_content", ["tool:a"]) is None
+    alice.keep("reasoning_content", ["tool:a"], "local", "p", "alice's")
+    assert (await store.task("t", "key:bob")).find("reasoning_content", ["tool:a"]) is None
+    store.close()
+    for again in (store, ReasoningStore(tmp_path, REASONING_FILES)):
+        shared = (await again.task("t", TASK_SCOPE)).find("reasoning_content", ["tool:a"])
+        own = (await again.task("t", "key:alice")).find("reasoning_content", ["tool:a"])
+        assert shared is not None and shared.data == "old"
+        assert own is not None and (own.data, own.scope) == ("alice's", "key:alice")
+        assert (await again.task("t", "key:bob")).find("reasoning_content", ["tool:a"]) is None
+        again.close()
+    assert orjson.loads(path.read_bytes().splitlines()[-1])["scope"] == "key:alice"

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from boundedcode_gateway.config import ConfigSource, calls_path_in
+from boundedcode_gateway.config import ConfigSource, GatewayConfig, calls_path_in
 from boundedcode_gateway.errors import ConfigError
 
 CONFIG_ENV = "BOUNDEDCODE_GATEWAY_CONFIG"
@@ -89,6 +89,22 @@ def _credential_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     token.add_argument("--budget-tokens", type=int, help="the token budget it carries")
     token.add_argument("--config")
+    seal = sub.add_parser(
+        "seal-key", help="the key ring that signs thinking blocks and seals reasoning items"
+    )
+    seal_sub = seal.add_subparsers(dest="seal_command", required=True)
+    rotate = seal_sub.add_parser(
+        "rotate", help="sign with a new key; older keys verify until a later rotation drops them"
+    )
+    rotate.add_argument("--config")
+    rotate.add_argument(
+        "--keep",
+        type=int,
+        default=2,
+        help="keys the ring holds afterwards, the new one counted (default 2: it and the last)",
+    )
+    listed = seal_sub.add_parser("list", help="print the ids of the ring's keys")
+    listed.add_argument("--config")
 
 
 def _report_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -145,17 +161,28 @@ def main(argv: list[str] | None = None) -> int:
             from boundedcode_gateway.cli.budgets import run_budgets
 
             return run_budgets(config)
-        if args.command == "token":
-            from boundedcode_gateway.cli.credentials import model_names, run_token
-
-            models = model_names(args.models)
-            return run_token(config, args.task, models, args.ttl, args.budget_tokens)
+        if args.command in ("token", "seal-key"):
+            return _keys_and_tokens(args, config)
         from boundedcode_gateway.cli.calls import run_calls
 
         return run_calls(config.ledger_location, config.calls_path, args.task, args.last)
     except ConfigError as exc:
         print(f"boundedcode-gateway: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+
+
+def _keys_and_tokens(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``token`` and ``seal-key``: what the gateway's secrets make."""
+    if args.command == "token":
+        from boundedcode_gateway.cli.credentials import model_names, run_token
+
+        models = model_names(args.models)
+        return run_token(config, args.task, models, args.ttl, args.budget_tokens)
+    from boundedcode_gateway.cli.seal_keys import run_list, run_rotate
+
+    if args.seal_command == "rotate":
+        return run_rotate(config, args.keep)
+    return run_list(config)
 
 
 def _report(args: argparse.Namespace, calls_path: Path) -> int:

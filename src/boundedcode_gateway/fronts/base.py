@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from boundedcode_gateway.errors import GatewayError
+from boundedcode_gateway.fronts.sealing import SealBinding
 
 
 class FrontStream(Protocol):
@@ -60,9 +61,10 @@ class Front(Protocol):
     # the record's ``front``
     name: str
 
-    def open(self, parsed: Any, headers: Mapping[str, str]) -> FrontCall:
+    def open(self, parsed: Any, headers: Mapping[str, str], binding: SealBinding) -> FrontCall:
         """The call of a request in this front's shape; a ``GatewayError`` for a request
-        this front refuses."""
+        this front refuses. ``binding``: the call's task and caller scope, which what the
+        front signs or seals is bound to, and what it takes back must be."""
         ...
 
     def error(self, exc: GatewayError) -> tuple[int, bytes]:
@@ -115,7 +117,7 @@ class ChatFront:
 
     name = "chat"
 
-    def open(self, parsed: Any, headers: Mapping[str, str]) -> FrontCall:
+    def open(self, parsed: Any, headers: Mapping[str, str], binding: SealBinding) -> FrontCall:
         return _ChatCall(parsed)
 
     def error(self, exc: GatewayError) -> tuple[int, bytes]:

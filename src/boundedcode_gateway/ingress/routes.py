@@ -18,9 +18,9 @@ import orjson
 
 from boundedcode_gateway import discard
 from boundedcode_gateway.access.authenticate import check_model, metered_task
-from boundedcode_gateway.access.caller import Caller
+from boundedcode_gateway.access.caller import Caller, reasoning_scope
 from boundedcode_gateway.access.sites import check_json_body
-from boundedcode_gateway.config import LimitsSettings
+from boundedcode_gateway.config import LimitsSettings, ReasoningSharing
 from boundedcode_gateway.errors import (
     BodiesOverBudget,
     BodyTooLarge,
@@ -41,6 +41,7 @@ from boundedcode_gateway.fronts.base import (
     FrontStream,
     TokenCounter,
 )
+from boundedcode_gateway.fronts.sealing import SealBinding
 from boundedcode_gateway.ingress.body import BodyParser
 from boundedcode_gateway.ingress.body_read import BodyPace, ReadingBudget, read_request_body
 from boundedcode_gateway.ingress.render import (
@@ -207,6 +208,7 @@ class Router:
                     caller,
                     live.max_body_bytes,
                     BodyPace.of(live.config.limits),
+                    live.config.reasoning.shared_by,
                 )
             elif path in OPERATIONS_PATHS:
                 await self._operations(send, path, caller)
@@ -301,7 +303,12 @@ class Router:
         return model
 
     def _context(
-        self, scope: dict[str, Any], path_task: str | None, caller: Caller | None, front: Front
+        self,
+        scope: dict[str, Any],
+        path_task: str | None,
+        caller: Caller | None,
+        front: Front,
+        shared_by: ReasoningSharing,
     ) -> CallContext:
         header_task = _header(scope, TASK_HEADER)
         if path_task is not None and header_task is not None and header_task != path_task:
@@ -324,6 +331,7 @@ class Router:
             discard.header_declares(_header(scope, discard.HEADER)),
             caller,
             front.name,
+            reasoning_scope(caller, shared_by),
         )
 
     @staticmethod
@@ -348,6 +356,7 @@ class Router:
         caller: Caller | None,
         max_body_bytes: int,
         pace: BodyPace,
+        shared_by: ReasoningSharing,
     ) -> None:
         """One call in any front: its request made a chat-completions body, checked as
         one, answered, and the answer written back in the front's shape."""
@@ -361,7 +370,7 @@ class Router:
         asked = RequestFacts.of(parsed)
         model = asked.model
         try:
-            ctx = self._context(scope, path_task, caller, front)
+            ctx = self._context(scope, path_task, caller, front, shared_by)
         except GatewayError as exc:
             refused = self._refused_context(scope, path_task, caller, front)
             self._rejected(front, refused, asked, exc)
@@ -369,7 +378,8 @@ class Router:
         try:
             if caller is not None and model is not None:
                 check_model(caller, model)
-            call = None if front is CHAT else front.open(parsed, _headers_of(scope))
+            binding = SealBinding(ctx.task, ctx.scope)
+            call = None if front is CHAT else front.open(parsed, _headers_of(scope), binding)
             if isinstance(call, AdjustingCall):
                 ctx.adjustments.update(call.adjustments)
             body = check_chat_body(parsed if call is None else call.body)

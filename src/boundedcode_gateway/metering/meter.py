@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from boundedcode_gateway.access.caller import Caller
+from boundedcode_gateway.access.caller import TASK_SCOPE, Caller
 from boundedcode_gateway.clock import utc_now_iso
 from boundedcode_gateway.config import PriceSettings
 from boundedcode_gateway.errors import GatewayError
@@ -43,6 +43,8 @@ class CallContext:
     # what the front changed of the request on its own account, for the record's
     # ``adjustments`` (a server tool left out, a newer API version served as a known one)
     adjustments: dict[str, Any] = field(default_factory=dict)
+    # who on the task shares the call's stored reasoning and seals (access/caller.py)
+    scope: str = TASK_SCOPE
 
     @classmethod
     def new(
@@ -52,6 +54,7 @@ class CallContext:
         discard_header: bool = False,
         caller: Caller | None = None,
         front: str = "chat",
+        scope: str = TASK_SCOPE,
     ) -> CallContext:
         # 128 random bits as 32 hex digits, the form uuid4().hex had: ids need to be
         # unique, not secret, so no system call per id as uuid4 and os.urandom make
@@ -65,6 +68,7 @@ class CallContext:
             discard_header,
             caller,
             front,
+            scope=scope,
         )
 
     def elapsed_ms(self) -> float:

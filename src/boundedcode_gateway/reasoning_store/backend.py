@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from boundedcode_gateway.access.caller import TASK_SCOPE
 from boundedcode_gateway.reasoning_store.store import ReasoningItem
 
 
 class CallReasoning(Protocol):
-    """One task's reasoning as one call sees it: looked up while the request is prepared,
-    added to once the answer is in."""
+    """One task's reasoning as one call sees it, of the call's scope only (what callers of
+    another scope kept is not found, nor replaced): looked up while the request is
+    prepared, added to once the answer is in."""
 
     def find(self, kind: str, keys: Sequence[str]) -> ReasoningItem | None:
         """The item stored under any of the keys."""
@@ -41,6 +43,7 @@ class ReasoningBackend(Protocol):
         """The tasks whose items this process holds in memory."""
         ...
 
-    async def task(self, task: str) -> CallReasoning:
-        """The task's reasoning for one call, with what calls that already answered kept."""
+    async def task(self, task: str, scope: str = TASK_SCOPE) -> CallReasoning:
+        """The task's reasoning for one call of ``scope`` (``access/caller.py``), with what
+        calls of that scope that already answered kept."""
         ...

@@ -14,6 +14,12 @@ number of keys it is found under (an answer with 400 tool calls has 400): each k
 the task's index points at the same item. Files of the earlier form, one line a key
 each with a copy of the reasoning, still load, their copies folded into one item.
 
+Each item belongs to the scope of the caller that kept it (``access/caller.py``: a caller
+key, the task's tokens, or everyone on the task): a call finds only its own scope's items
+and keeps into it alone, so another caller on the task neither reads nor replaces them.
+A line written before items had a scope belongs to everyone on the task (``TASK_SCOPE``):
+who kept it is not known, so a caller-scoped call does not find it.
+
 This is the backend of a gateway without ``state:``; ``backend.py`` says what every
 backend offers.
 """
@@ -36,6 +42,7 @@ from typing import Any, TypeVar
 import orjson
 
 from boundedcode_gateway import jsonl
+from boundedcode_gateway.access.caller import TASK_SCOPE
 from boundedcode_gateway.lru import Clock, IdleLru
 from boundedcode_gateway.reasoning_store.folders import (
     folder_name,
@@ -50,14 +57,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ReasoningItem:
-    """One turn's reasoning, as the provider wrote it, who wrote it, and every key it is
-    found under (keys.py)."""
+    """One turn's reasoning, as the provider wrote it, who wrote it, every key it is
+    found under (keys.py), and the scope of the callers who find it."""
 
     kind: str
     keys: tuple[str, ...]
     provider: str
     profile: str
     data: Any
+    scope: str = TASK_SCOPE
 
 
 class _Appender:
@@ -113,34 +121,39 @@ def _read_items(path: Path, kind: str) -> list[ReasoningItem]:
     """The file's items, oldest first: a line is one item with its keys. Consecutive lines
     of the earlier form (one key each) with the same writer and reasoning are one item,
     their copies of the text dropped as they are read."""
-    # each: its keys, provider, profile, data, and whether it is of the earlier form
-    entries: list[tuple[list[str], str, str, Any, bool]] = []
+    # each: its keys, provider, profile, data, scope, and whether it is of the earlier form
+    entries: list[tuple[list[str], str, str, Any, str, bool]] = []
     for obj in jsonl.read_objects(path):
         try:
             provider, profile, data = obj["provider"], obj["profile"], obj["data"]
             keys = obj["keys"] if "keys" in obj else [obj["key"]]
         except KeyError:
             continue  # not a line this store wrote
+        # a line from before items had a scope: everyone on the task's
+        scope = obj.get("scope", TASK_SCOPE)
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            continue
+        if not isinstance(scope, str):
             continue
         old_form = "keys" not in obj
         if old_form and entries:
-            last_keys, last_provider, last_profile, last_data, last_old = entries[-1]
+            last_keys, last_provider, last_profile, last_data, _, last_old = entries[-1]
             same = last_old and (last_provider, last_profile) == (provider, profile)
             if same and last_data == data:
                 last_keys.extend(keys)
                 continue
-        entries.append((list(keys), provider, profile, data, old_form))
-    return [ReasoningItem(kind, tuple(k), p, q, d) for k, p, q, d, _ in entries]
+        entries.append((list(keys), provider, profile, data, scope, old_form))
+    return [ReasoningItem(kind, tuple(k), p, q, d, c) for k, p, q, d, c, _ in entries]
 
 
 def _line(item: ReasoningItem) -> bytes:
     """The item's line in its file."""
     record = {"keys": item.keys, "provider": item.provider, "profile": item.profile}
-    return orjson.dumps({**record, "data": item.data}) + b"\n"
+    return orjson.dumps({**record, "scope": item.scope, "data": item.data}) + b"\n"
 
 
-Items = dict[tuple[str, str], ReasoningItem]
+# a task's items by their scope, kind and key
+Items = dict[tuple[str, str, str], ReasoningItem]
 # the reasoning kept in memory over all tasks, counted as the bytes of its items' lines
 MAX_BYTES_IN_MEMORY = 256 * 1024 * 1024
 
@@ -179,8 +192,9 @@ class ReasoningStore:
     def _path(self, task: str, kind: str) -> Path:
         return self.tasks_dir / folder_name(task) / self._files[kind]
 
-    async def task(self, task: str) -> TaskReasoning:
-        """The task's reasoning, read from disk (off the event loop) the first time."""
+    async def task(self, task: str, scope: str = TASK_SCOPE) -> TaskReasoning:
+        """The task's reasoning as the callers of ``scope`` find it, read from disk (off the
+        event loop) the first time."""
         items = self._items.get(task)
         if items is None:
             lock = self._loading.setdefault(task, asyncio.Lock())
@@ -192,7 +206,7 @@ class ReasoningStore:
                     items = loaded
                     # those waiting hold the lock itself; later calls find the items
                     self._loading.pop(task, None)
-        return TaskReasoning(self, task, items)
+        return TaskReasoning(self, task, items, scope)
 
     def _load(self, task: str) -> tuple[Items, int]:
         """The task's items and the bytes of the lines they would be: a file of the earlier
@@ -204,13 +218,13 @@ class ReasoningStore:
         for kind in self._files:
             for item in _read_items(self._path(task, kind), kind):
                 for key in item.keys:
-                    items[(kind, key)] = item
+                    items[(item.scope, kind, key)] = item
         held = {id(item): item for item in items.values()}  # each found under a key
         return items, sum(len(_line(item)) for item in held.values())
 
-    def get(self, task: str, kind: str, key: str) -> ReasoningItem | None:
+    def get(self, task: str, kind: str, key: str, scope: str = TASK_SCOPE) -> ReasoningItem | None:
         items = self._items.peek(task)
-        return None if items is None else items.get((kind, key))
+        return None if items is None else items.get((scope, kind, key))
 
     def put(self, task: str, item: ReasoningItem, items: Items | None = None) -> None:
         """Keep an item in memory at once, under each of its keys; its one line reaches the
@@ -226,7 +240,7 @@ class ReasoningStore:
         for held in (loaded, items):
             if held is not None:
                 for key in item.keys:
-                    held[(item.kind, key)] = item
+                    held[(item.scope, item.kind, key)] = item
         # encoded once, however many keys: one pass over the text on the event loop
         line = _line(item)
         if loaded is not None:
@@ -293,23 +307,30 @@ def remove_idle_folders(tasks_dir: Path, cutoff: float) -> list[str]:
 
 
 class TaskReasoning:
-    """One task's view of the store, for one call: the task's items as the call found them,
-    kept whatever the store forgets meanwhile."""
+    """One task's view of the store, for one call of one scope: the task's items as the
+    call found them, kept whatever the store forgets meanwhile."""
 
-    __slots__ = ("_items", "_store", "task")
+    __slots__ = ("_items", "_store", "scope", "task")
 
-    def __init__(self, store: ReasoningStore, task: str, items: Items | None = None) -> None:
+    def __init__(
+        self,
+        store: ReasoningStore,
+        task: str,
+        items: Items | None = None,
+        scope: str = TASK_SCOPE,
+    ) -> None:
         self._store = store
         self.task = task
         self._items = items
+        self.scope = scope
 
     def find(self, kind: str, keys: Sequence[str]) -> ReasoningItem | None:
-        """The item stored under any of the keys."""
+        """The item of this scope stored under any of the keys."""
         for key in keys:
             if self._items is not None:
-                item = self._items.get((kind, key))
+                item = self._items.get((self.scope, kind, key))
             else:
-                item = self._store.get(self.task, kind, key)
+                item = self._store.get(self.task, kind, key, self.scope)
             if item is not None:
                 return item
         return None
@@ -318,7 +339,7 @@ class TaskReasoning:
         """Store one turn's reasoning once, found under each of its keys."""
         unique = tuple(dict.fromkeys(keys))
         if unique:
-            item = ReasoningItem(kind, unique, provider, profile, data)
+            item = ReasoningItem(kind, unique, provider, profile, data, self.scope)
             self._store.put(self.task, item, self._items)
 
     async def saved(self) -> None:

@@ -11,7 +11,10 @@ bytes the gateway encoded, so it comes back byte for byte.
 
 An answer's reasoning is one row, with every key it is found under in an array (an
 answer with 400 tool calls: one row, one copy of the text); a later answer whose keys
-cover an earlier one's replaces that row in the same statement.
+cover an earlier one's replaces that row in the same statement. A row belongs to the scope
+of the caller that kept it (``access/caller.py``): a call finds only its scope's rows, and
+replaces only those; rows from before scopes belong to everyone on the task (migration
+0003).
 
 When the database fails, a call goes on with the items this gateway holds, and an item
 it keeps stays in this gateway's memory only (``database.py`` counts and logs it). The
@@ -31,6 +34,7 @@ from typing import Any
 import asyncpg
 import orjson
 
+from boundedcode_gateway.access.caller import TASK_SCOPE
 from boundedcode_gateway.lru import Clock, IdleLru
 from boundedcode_gateway.reasoning_store.store import MAX_BYTES_IN_MEMORY, ReasoningItem
 from boundedcode_gateway.state.database import StateDatabase, StateUnavailable
@@ -39,7 +43,7 @@ from boundedcode_gateway.state.database import StateDatabase, StateUnavailable
 # when it is not (this gateway holds none, or retention removed the task since); no row
 # when the database holds none. One row with a null seq: nothing new.
 SELECT_SINCE_SQL = """
-SELECT t.epoch, r.seq, r.kind, r.keys, r.provider, r.profile, r.data
+SELECT t.epoch, r.seq, r.scope, r.kind, r.keys, r.provider, r.profile, r.data
 FROM state_tasks AS t
 LEFT JOIN state_reasoning AS r
     ON r.task = t.task AND r.seq > (CASE WHEN t.epoch = $2 THEN $3 ELSE 0 END)
@@ -49,8 +53,8 @@ ORDER BY r.seq
 
 # One turn's reasoning, found under each of its keys ($3), numbered from the task's row,
 # which the statement holds locked until it commits: the next writer of the task waits,
-# then numbers its item above this one. An earlier item of the kind whose keys are all
-# among these is found under none of them any more: it goes (a reader that did not read
+# then numbers its item above this one. An earlier item of the kind and scope ($7) whose
+# keys are all among these is found under none of them any more: it goes (a reader that did not read
 # it reads this one, numbered above it, with all its keys).
 INSERT_ITEM_SQL = """
 WITH numbered AS (
@@ -61,10 +65,10 @@ WITH numbered AS (
     RETURNING reasoning_seq
 ), replaced AS (
     DELETE FROM state_reasoning
-    WHERE task = $1 AND kind = $2 AND keys <@ $3::text[]
+    WHERE task = $1 AND scope = $7 AND kind = $2 AND keys <@ $3::text[]
 )
-INSERT INTO state_reasoning (task, seq, kind, keys, provider, profile, data)
-SELECT $1, numbered.reasoning_seq, $2, $3::text[], $4, $5, $6
+INSERT INTO state_reasoning (task, seq, scope, kind, keys, provider, profile, data)
+SELECT $1, numbered.reasoning_seq, $7, $2, $3::text[], $4, $5, $6
 FROM numbered
 """
 
@@ -72,11 +76,11 @@ FROM numbered
 @dataclass(slots=True)
 class HeldTask:
     """A task's items as this gateway holds them: the task's epoch in the database, and the
-    highest item number read (0, 0: none read)."""
+    highest item number read (0, 0: none read); the items by scope, kind and key."""
 
     epoch: int = 0
     seq: int = 0
-    items: dict[tuple[str, str], ReasoningItem] = field(default_factory=dict)
+    items: dict[tuple[str, str, str], ReasoningItem] = field(default_factory=dict)
     size: int = 0  # the bytes of the items' JSON
 
 
@@ -89,6 +93,7 @@ async def _read_since(
 
 async def _insert(
     task: str,
+    scope: str,
     kind: str,
     keys: list[str],
     provider: str,
@@ -96,7 +101,7 @@ async def _insert(
     data: bytes,
     conn: asyncpg.Connection,
 ) -> None:
-    await conn.execute(INSERT_ITEM_SQL, task, kind, keys, provider, profile, data)
+    await conn.execute(INSERT_ITEM_SQL, task, kind, keys, provider, profile, data, scope)
 
 
 class PostgresReasoningStore:
@@ -120,8 +125,9 @@ class PostgresReasoningStore:
     def tasks_in_memory(self) -> int:
         return len(self._held)
 
-    async def task(self, task: str) -> PostgresTaskReasoning:
-        """The task's reasoning, with what the database holds that this gateway did not."""
+    async def task(self, task: str, scope: str = TASK_SCOPE) -> PostgresTaskReasoning:
+        """The task's reasoning as the callers of ``scope`` find it, with what the database
+        holds that this gateway did not."""
         held = self._held.get(task)
         if held is None:
             held = HeldTask()
@@ -134,7 +140,7 @@ class PostgresReasoningStore:
             pass  # the call goes on with what this gateway holds
         else:
             self._apply(task, held, rows)
-        return PostgresTaskReasoning(self, task, held)
+        return PostgresTaskReasoning(self, task, held, scope)
 
     def _apply(self, task: str, held: HeldTask, rows: Sequence[asyncpg.Record]) -> None:
         """Add what one read found; a read that an earlier-started one overtook adds only
@@ -161,9 +167,10 @@ class PostgresReasoningStore:
             except orjson.JSONDecodeError:
                 continue  # not a row this store wrote
             keys = tuple(row["keys"])
-            item = ReasoningItem(row["kind"], keys, row["provider"], row["profile"], value)
+            kind, scope = row["kind"], row["scope"]
+            item = ReasoningItem(kind, keys, row["provider"], row["profile"], value, scope)
             for key in keys:
-                held.items[(item.kind, key)] = item
+                held.items[(scope, kind, key)] = item
             grown += len(data)
         self._grow(task, held, grown)
 
@@ -180,6 +187,7 @@ class PostgresReasoningStore:
         self,
         task: str,
         held: HeldTask,
+        scope: str,
         kind: str,
         keys: list[str],
         provider: str,
@@ -189,11 +197,11 @@ class PostgresReasoningStore:
         """Hold the item at once under each of its keys; write it, one row, in the background
         (the task returned)."""
         encoded = orjson.dumps(data)  # once, however many keys
-        item = ReasoningItem(kind, tuple(keys), provider, profile, data)
+        item = ReasoningItem(kind, tuple(keys), provider, profile, data, scope)
         for key in keys:
-            held.items[(kind, key)] = item
+            held.items[(scope, kind, key)] = item
         self._grow(task, held, len(encoded))
-        insert = partial(_insert, task, kind, keys, provider, profile, encoded)
+        insert = partial(_insert, task, scope, kind, keys, provider, profile, encoded)
         written = asyncio.get_running_loop().create_task(self._written(insert))
         self._writes.add(written)
         written.add_done_callback(self._writes.discard)
@@ -216,21 +224,24 @@ class PostgresReasoningStore:
 
 
 class PostgresTaskReasoning:
-    """One task's view of the state database's store, for one call."""
+    """One task's view of the state database's store, for one call of one scope."""
 
-    __slots__ = ("_held", "_store", "_writes", "task")
+    __slots__ = ("_held", "_store", "_writes", "scope", "task")
 
-    def __init__(self, store: PostgresReasoningStore, task: str, held: HeldTask) -> None:
+    def __init__(
+        self, store: PostgresReasoningStore, task: str, held: HeldTask, scope: str = TASK_SCOPE
+    ) -> None:
         self._store = store
         self.task = task
         self._held = held
+        self.scope = scope
         self._writes: list[asyncio.Task[None]] = []
 
     def find(self, kind: str, keys: Sequence[str]) -> ReasoningItem | None:
-        """The item stored under any of the keys."""
+        """The item of this scope stored under any of the keys."""
         items = self._held.items
         for key in keys:
-            item = items.get((kind, key))
+            item = items.get((self.scope, kind, key))
             if item is not None:
                 return item
         return None
@@ -241,7 +252,7 @@ class PostgresTaskReasoning:
         unique = list(dict.fromkeys(keys))
         if unique:
             written = self._store.write(
-                self.task, self._held, kind, unique, provider, profile, data
+                self.task, self._held, self.scope, kind, unique, provider, profile, data
             )
             self._writes.append(written)
 

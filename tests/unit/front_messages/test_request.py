@@ -19,8 +19,8 @@ from boundedcode_gateway.fronts.messages.response import thinking_signature
 from boundedcode_gateway.fronts.sealing import Sealer
 from boundedcode_gateway.ingress.validate import check_chat_body
 
-SEALER = Sealer(b"\x07" * 32)
-OTHER = Sealer(b"\x08" * 32)
+SEALER = Sealer(b"\x07" * 32, clock=lambda: 1_800_000_000.0)
+OTHER = Sealer(b"\x08" * 32, clock=lambda: 1_800_000_000.0)
 
 
 def sig(text: str, profile: str = "local", sealer: Sealer = SEALER) -> str:

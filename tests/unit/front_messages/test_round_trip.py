@@ -22,7 +22,7 @@ from boundedcode_gateway.fronts.messages.response import thinking_signature
 from boundedcode_gateway.fronts.sealing import Sealer
 from boundedcode_gateway.ingress.validate import check_chat_body
 
-SEALER = Sealer(b"\x07" * 32)
+SEALER = Sealer(b"\x07" * 32, clock=lambda: 1_800_000_000.0)
 _PARAMS = TypeAdapter(MessageCreateParams)
 _MARK = ERROR_MARK.strip()
 

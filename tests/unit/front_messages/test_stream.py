@@ -17,7 +17,7 @@ from boundedcode_gateway.fronts.messages.stream import MessagesStream
 from boundedcode_gateway.fronts.sealing import Sealer
 from tests.unit.front_messages.events import assemble, parse_sse
 
-SEALER = Sealer(b"\x07" * 32)
+SEALER = Sealer(b"\x07" * 32, clock=lambda: 1_800_000_000.0)
 HEAD = {"id": "chatcmpl-s1", "object": "chat.completion.chunk", "created": 1, "model": "fake-model"}
 USAGE = {
     "prompt_tokens": 50,

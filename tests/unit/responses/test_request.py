@@ -15,8 +15,8 @@ from boundedcode_gateway.fronts.responses.sealed import open_reasoning, seal_rea
 from boundedcode_gateway.fronts.sealing import Sealer
 from boundedcode_gateway.ingress.validate import check_chat_body
 
-SEALER = Sealer(b"\x07" * 32)
-OTHER_KEY = Sealer(b"\x08" * 32)
+SEALER = Sealer(b"\x07" * 32, clock=lambda: 1_800_000_000.0)
+OTHER_KEY = Sealer(b"\x08" * 32, clock=lambda: 1_800_000_000.0)
 
 
 def chat(request: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from boundedcode_gateway.fronts.sealing import Sealer
 from boundedcode_gateway.providers.openai_shapes import Stamps
 from tests.responses_sdk import check_response
 
-SEALER = Sealer(b"\x07" * 32)
+SEALER = Sealer(b"\x07" * 32, clock=lambda: 1_800_000_000.0)
 
 
 def stamps() -> Stamps:

@@ -26,7 +26,7 @@ from boundedcode_gateway.fronts.responses.tools import BUILT_IN, MAX_NAME, joine
 from boundedcode_gateway.fronts.sealing import Sealer
 from boundedcode_gateway.ingress.validate import check_chat_body
 
-SEALER = Sealer(b"\x07" * 32)
+SEALER = Sealer(b"\x07" * 32, clock=lambda: 1_800_000_000.0)
 CODEX = Path(__file__).parents[2] / "fixtures" / "codex"
 
 

@@ -16,7 +16,7 @@ from boundedcode_gateway.fronts.messages.errors import from_gateway_error
 from boundedcode_gateway.fronts.messages.request import check_headers, to_chat_body
 from boundedcode_gateway.fronts.messages.response import answer_body
 from boundedcode_gateway.fronts.messages.stream import MessagesStream
-from boundedcode_gateway.fronts.sealing import Sealer
+from boundedcode_gateway.fronts.sealing import SealBinding, Sealer
 
 
 class MessagesCall:
@@ -47,17 +47,18 @@ class MessagesFront:
     def __init__(self, sealer: Sealer) -> None:
         self._sealer = sealer
 
-    def open(self, parsed: Any, headers: Mapping[str, str]) -> MessagesCall:
+    def open(self, parsed: Any, headers: Mapping[str, str], binding: SealBinding) -> MessagesCall:
         rules = check_headers(headers)
         adjustments: dict[str, Any] = {}
+        sealer = self._sealer.bound(binding)
         body = to_chat_body(
             parsed,
-            self._sealer.verify,
+            sealer.verify,
             counting=self._counting,
             rules=rules,
             adjustments=adjustments,
         )
-        return MessagesCall(body, self._sealer, adjustments)
+        return MessagesCall(body, sealer, adjustments)
 
     def error(self, exc: GatewayError) -> tuple[int, bytes]:
         return from_gateway_error(exc)

@@ -22,7 +22,7 @@ from boundedcode_gateway.fronts.responses.errors import error_answer
 from boundedcode_gateway.fronts.responses.request import to_chat_request
 from boundedcode_gateway.fronts.responses.response import Echo, Frame, from_chat_completion
 from boundedcode_gateway.fronts.responses.stream import ResponsesStream
-from boundedcode_gateway.fronts.sealing import Sealer
+from boundedcode_gateway.fronts.sealing import SealBinding, Sealer
 from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, Stamps
 
 
@@ -60,10 +60,11 @@ class ResponsesFront:
         self._sealer = sealer
         self._stamps = stamps
 
-    def open(self, parsed: Any, headers: Mapping[str, str]) -> ResponsesCall:
+    def open(self, parsed: Any, headers: Mapping[str, str], binding: SealBinding) -> ResponsesCall:
         notes: dict[str, Any] = {}
-        body, echo = to_chat_request(parsed, self._sealer, notes)
-        return ResponsesCall(body, echo, self._sealer, self._stamps, notes)
+        sealer = self._sealer.bound(binding)
+        body, echo = to_chat_request(parsed, sealer, notes)
+        return ResponsesCall(body, echo, sealer, self._stamps, notes)
 
     def error(self, exc: GatewayError) -> tuple[int, bytes]:
         return error_answer(exc)

@@ -1,9 +1,10 @@
 """A reasoning item's ``encrypted_content``: the answer's reasoning text, sealed with the
 profile that wrote it, so the caller can give it back without the gateway storing it.
 
-Pure (the ``Sealer`` holds the key). What the gateway did not seal, or sealed for
-another profile, opens to nothing: reasoning goes back only to the model that wrote
-it (docs/reasoning.md, Provenance).
+Pure (the ``Sealer`` holds the keys, and binds the seal to the call's task and caller
+scope). What the gateway did not seal, or sealed for another profile, task or caller,
+opens to nothing: reasoning goes back only to the model that wrote it, in the
+conversation it was written for (docs/reasoning.md, Provenance).
 """
 
 from __future__ import annotations
