@@ -25,6 +25,7 @@ from boundedcode_gateway.errors import (
     BodiesOverBudget,
     BodyTooLarge,
     BodyTooSlow,
+    CallerLeft,
     Forbidden,
     GatewayError,
     InvalidRequest,
@@ -217,6 +218,8 @@ class Router:
                 await send_json(send, 200, orjson.dumps(model))
             else:
                 raise NotFound(f"Unknown path: {method} {path}")
+        except CallerLeft:
+            pass  # no one to answer: told on stderr by _call, in one line
         except (BodyTooLarge, BodyTooSlow, BodiesOverBudget) as exc:
             # the rest of the body is not read: the connection cannot carry another request
             await send_error(send, exc, close=True, front=front)
