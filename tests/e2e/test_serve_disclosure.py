@@ -6,7 +6,6 @@ middle of its body is one quiet line, never a traceback."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator

@@ -141,7 +141,7 @@ def test_a_caller_that_left_before_its_body_was_whole_is_told_not_as_a_failure()
     level, line = refusal_line("messages", exc)
     assert level == logging.INFO
     assert line == (
-        "call left: front=messages status=499 code=client_disconnected message=\"The caller "
+        'call left: front=messages status=499 code=client_disconnected message="The caller '
         'closed its connection after 32 of 10000 bytes of its request body" recorded=false'
     )
 

@@ -218,8 +218,6 @@ class Router:
                 await send_json(send, 200, orjson.dumps(model))
             else:
                 raise NotFound(f"Unknown path: {method} {path}")
-        except CallerLeft:
-            pass  # no one to answer: told on stderr by _call, in one line
         except (BodyTooLarge, BodyTooSlow, BodiesOverBudget) as exc:
             # the rest of the body is not read: the connection cannot carry another request
             await send_error(send, exc, close=True, front=front)
@@ -337,6 +335,9 @@ class Router:
         try:
             raw = await read_request_body(scope, receive, max_body_bytes, pace, self.reading)
             parsed: Any = await self.body_parser.parse(raw)
+        except CallerLeft as exc:
+            self._unrecorded(front, exc)  # one line; there is no one to answer
+            return
         except GatewayError as exc:
             self._unrecorded(front, exc)
             raise

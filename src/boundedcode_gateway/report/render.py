@@ -1,10 +1,10 @@
 """The report as text: Markdown, CSV or JSON. Pure: strings from ``TaskReport`` lists.
 
 Markdown is for reading (one table of calls per task, then one table of totals);
-CSV holds one table, the calls or the totals; JSON holds everything, the repairs'
-own rows included, and the token counts'. Numbers are printed as recorded; sums of times are rounded to
-the microsecond and ratios to six places so that the output does not depend on the
-order of float additions.
+CSV holds one table, the calls or the totals; JSON holds everything, the repairs' and
+the token counts' own rows included. Numbers are printed as recorded; sums of times
+are rounded to the microsecond and ratios to six places so that the output does not
+depend on the order of float additions.
 """
 
 from __future__ import annotations
