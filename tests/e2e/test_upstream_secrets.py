@@ -416,3 +416,49 @@ def test_a_key_written_across_stream_deltas_reaches_no_caller(
     assert_no_key("the stream", resp.content)
     (record,) = gw.calls()
     assert record["status"] == "ok"
+
+
+def anthropic_split(req: Request) -> Play:
+    pieces = split_key(9, 21)
+    events = anthropic_opening("claude", pieces[0])
+    events += [
+        anthropic_event(
+            "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": p}}
+        )
+        for p in pieces[1:]
+    ]
+    events += [
+        anthropic_event("content_block_stop", {"index": 0}),
+        anthropic_event(
+            "message_delta", {"delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}}
+        ),
+        anthropic_event("message_stop", {}),
+    ]
+    return Play([stream_head(), *events])
+
+
+def gemini_split(req: Request) -> Play:
+    *pieces, last = split_key(9, 21)
+    events = [sse(gemini_answer("gemini", p, "")) for p in pieces]
+    return Play([stream_head(), *events, sse(gemini_answer("gemini", last, "STOP"))])
+
+
+@pytest.mark.parametrize(
+    ("provider", "script"),
+    [("anthropic", anthropic_split), ("gemini", gemini_split)],
+    ids=["anthropic", "gemini"],
+)
+def test_a_key_across_deltas_is_caught_for_every_provider_kind(
+    start_gateway: GatewayFactory,
+    echoing: HostileUpstream,
+    provider: str,
+    script: Callable[[Request], Play],
+) -> None:
+    kind = next(k for k in KINDS if k.provider == provider)
+    gw = start_gateway({"echo": kind.profile(echoing)})
+    echoing.queue(script)
+    body = {"model": "echo", "messages": HELLO, "stream": True}
+    resp = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=30)
+    assert resp.status_code == 200, resp.text
+    assert received_text("chat", resp.content) == "your key is ***, keep it safe"
+    assert_no_key("the stream", resp.content)
