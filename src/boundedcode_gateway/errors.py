@@ -12,6 +12,7 @@ The tree::
     ├── Forbidden                 403 model_not_allowed, task_mismatch, …
     ├── ModelNotFound             404 model_not_found
     ├── BodyTooLarge              413 request_too_large
+    ├── CallerLeft                499 client_disconnected (answered to no one)
     ├── BudgetExceeded            429 budget_exceeded
     ├── MissingApiKey             500 missing_api_key
     ├── InvalidApiKeyConfig       500 invalid_api_key_config
@@ -167,6 +168,16 @@ class BodyTooSlow(GatewayError):
     status = 408
     error_type = "invalid_request_error"
     default_code = "request_timeout"
+
+
+class CallerLeft(GatewayError):
+    """The caller closed its connection before its request body was whole: there is no
+    one to answer, and nothing went wrong in the gateway (499, nginx's convention, as the
+    record of a caller that left mid-answer has it)."""
+
+    status = 499
+    error_type = "invalid_request_error"
+    default_code = "client_disconnected"
 
 
 class BudgetExceeded(GatewayError):

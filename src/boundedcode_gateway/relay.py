@@ -39,6 +39,7 @@ from boundedcode_gateway.providers.base import (
     RequestOptions,
     StreamTranslator,
 )
+from boundedcode_gateway.secret_hold import HeldTranslator, SecretHold
 from boundedcode_gateway.tool_call_hold import ToolCallHold
 from boundedcode_gateway.upstream.http import UpstreamResponse, iter_body
 from boundedcode_gateway.upstream.metrics import CallMetrics, CaptureLimit
@@ -127,7 +128,7 @@ class StreamRelay:
         self._max_stream_bytes = max_stream_bytes
         self._streamed = 0
         self._resp: UpstreamResponse | None = None
-        self._translator = self._held(new_translator())
+        self._translator: HeldTranslator = self._held(new_translator())
         self._decoder = SSEDecoder(max_event_bytes)
         self._pending: deque[SSEEvent] = deque()
         self._body: AsyncIterator[bytes] | None = None
@@ -154,8 +155,11 @@ class StreamRelay:
         self._body = iter_body(self._resp)
         self._eof = False
 
-    def _held(self, translator: StreamTranslator) -> ToolCallHold:
-        return ToolCallHold(translator, CaptureLimit(self._options.max_captured_bytes))
+    def _held(self, translator: StreamTranslator) -> HeldTranslator:
+        held = ToolCallHold(translator, CaptureLimit(self._options.max_captured_bytes))
+        # a key the upstream writes across deltas of text is seen whole (only where
+        # there is a key to hide: a stream without one pays nothing for it)
+        return SecretHold(held, self._secrets) if self._secrets else held
 
     def _committed(self) -> bool:
         t = self._translator

@@ -184,6 +184,26 @@ def test_tasks_sum_their_calls_and_count_misses_by_cause(
     assert get(http, "/ui/api/tasks", q="%")["tasks"] == []  # a wildcard is a character
 
 
+def test_a_tasks_token_counts_are_not_its_turns(gateway: Gateway, http: httpx.Client) -> None:
+    assert call(http, "counted").status_code == 200
+    ask = {"model": "local", "messages": [{"role": "user", "content": "how long is this?"}]}
+    for _ in range(2):
+        counted = http.post(
+            "/v1/messages/count_tokens",
+            json=ask,
+            headers={"X-BoundedCode-Task": "counted", "anthropic-version": "2023-06-01"},
+        )
+        assert counted.status_code == 200, counted.text
+    assert call(http, "counted").status_code == 200
+    purposes = [r["purpose"] for r in gateway.calls()]
+    assert sorted(purposes) == ["agent_turn", "agent_turn", "token_count", "token_count"]
+
+    (task,) = get(http, "/ui/api/tasks")["tasks"]
+    # the gateway's own records: neither a turn nor a repair
+    assert (task["calls"], task["errors"], task["repairs"]) == (2, 0, 0)
+    assert task["repair_evaluated_tokens"] is None
+
+
 def test_models_show_each_profile_and_its_servers(gateway: Gateway, http: httpx.Client) -> None:
     models = {m["name"]: m for m in get(http, "/ui/api/models")["models"]}
     assert set(models) == {"local", "other", "gpt", "glm"}

@@ -7,6 +7,7 @@ gets, not in the call log, the ledger or any file the gateway wrote, not in its 
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -332,3 +333,132 @@ def test_a_key_no_header_can_carry_is_refused_at_call_time(
     for path in Path(gw.data_dir).rglob("*"):
         if path.is_file():
             assert b"sk-" not in path.read_bytes()
+
+
+# -- a key written across deltas of text
+
+
+def split_key(*at: int) -> list[str]:
+    """The key cut at ``at``, the first piece after some text, the last before more."""
+    bounds = [0, *at, len(KEY)]
+    pieces = [KEY[a:b] for a, b in itertools.pairwise(bounds)]
+    pieces[0] = "your key is " + pieces[0]
+    pieces[-1] += ", keep it safe"
+    return pieces
+
+
+def split_stream(field: str, pieces: list[str]) -> Callable[[Request], Play]:
+    def play(req: Request) -> Play:
+        events = [chunk({"role": "assistant", "content": ""})]
+        events += [chunk({field: p}) for p in pieces]
+        events += [chunk({}, "stop"), b"data: [DONE]\n\n"]
+        return Play([stream_head(), *events])
+
+    return play
+
+
+def received_text(front: str, raw: bytes) -> str:
+    """The text (and reasoning) a caller of ``front`` reads from its stream, joined."""
+    parts: list[str] = []
+    for line in raw.split(b"\n"):
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        obj = orjson.loads(line[6:])
+        if front == "chat":
+            delta = obj["choices"][0]["delta"] if obj.get("choices") else {}
+            parts += [delta.get(k) or "" for k in ("reasoning_content", "content")]
+        elif front == "messages" and obj.get("type") == "content_block_delta":
+            parts += [obj["delta"].get(k) or "" for k in ("thinking", "text")]
+        elif front == "responses" and str(obj.get("type", "")).endswith("text.delta"):
+            parts.append(obj["delta"])
+    return "".join(parts)
+
+
+FRONT_CALLS = {
+    "chat": ("/v1/chat/completions", {"messages": HELLO}, {}),
+    "messages": (
+        "/v1/messages",
+        {"messages": HELLO, "max_tokens": 100},
+        {"anthropic-version": "2023-06-01"},
+    ),
+    "responses": ("/v1/responses", {"input": "hello"}, {}),
+}
+SPLITS = {
+    "two-content-deltas": ("content", split_key(7)),
+    "three-content-deltas": ("content", split_key(3, 20)),
+    "a-delta-per-character": ("content", [*KEY]),
+    "two-reasoning-deltas": ("reasoning_content", split_key(12)),
+}
+
+
+@pytest.mark.parametrize("front", list(FRONT_CALLS))
+@pytest.mark.parametrize("split", list(SPLITS))
+def test_a_key_written_across_stream_deltas_reaches_no_caller(
+    start_gateway: GatewayFactory, echoing: HostileUpstream, front: str, split: str
+) -> None:
+    field, pieces = SPLITS[split]
+    assert KEY in "".join(pieces) and all(KEY not in p for p in pieces)
+    gw = start_gateway({"echo": KINDS[1].profile(echoing)})
+    echoing.queue(split_stream(field, pieces))
+    path, body, headers = FRONT_CALLS[front]
+    resp = httpx.post(
+        gw.url + path,
+        json={"model": "echo", "stream": True, **body},
+        headers=headers,
+        timeout=30,
+    )
+    assert resp.status_code == 200, resp.text
+    text = received_text(front, resp.content)
+    assert KEY not in text
+    assert "***" in text
+    expected = "".join(pieces).replace(KEY, "***")
+    assert text == expected
+    assert_no_key("the stream", resp.content)
+    (record,) = gw.calls()
+    assert record["status"] == "ok"
+
+
+def anthropic_split(req: Request) -> Play:
+    pieces = split_key(9, 21)
+    events = anthropic_opening("claude", pieces[0])
+    events += [
+        anthropic_event(
+            "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": p}}
+        )
+        for p in pieces[1:]
+    ]
+    events += [
+        anthropic_event("content_block_stop", {"index": 0}),
+        anthropic_event(
+            "message_delta", {"delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}}
+        ),
+        anthropic_event("message_stop", {}),
+    ]
+    return Play([stream_head(), *events])
+
+
+def gemini_split(req: Request) -> Play:
+    *pieces, last = split_key(9, 21)
+    events = [sse(gemini_answer("gemini", p, "")) for p in pieces]
+    return Play([stream_head(), *events, sse(gemini_answer("gemini", last, "STOP"))])
+
+
+@pytest.mark.parametrize(
+    ("provider", "script"),
+    [("anthropic", anthropic_split), ("gemini", gemini_split)],
+    ids=["anthropic", "gemini"],
+)
+def test_a_key_across_deltas_is_caught_for_every_provider_kind(
+    start_gateway: GatewayFactory,
+    echoing: HostileUpstream,
+    provider: str,
+    script: Callable[[Request], Play],
+) -> None:
+    kind = next(k for k in KINDS if k.provider == provider)
+    gw = start_gateway({"echo": kind.profile(echoing)})
+    echoing.queue(script)
+    body = {"model": "echo", "messages": HELLO, "stream": True}
+    resp = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=30)
+    assert resp.status_code == 200, resp.text
+    assert received_text("chat", resp.content) == "your key is ***, keep it safe"
+    assert_no_key("the stream", resp.content)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from boundedcode_gateway.errors import GatewayError, InvalidRequest, StreamBroken
+from boundedcode_gateway.errors import CallerLeft, GatewayError, InvalidRequest, StreamBroken
 from boundedcode_gateway.metering.meter import CallContext, Meter
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.metering.request_facts import RequestFacts
@@ -133,6 +133,16 @@ def test_a_request_refused_before_its_record_is_told_as_unrecorded() -> None:
     assert line == (
         "call refused: front=responses status=401 code=authentication_error "
         'message="Invalid API key" recorded=false'
+    )
+
+
+def test_a_caller_that_left_before_its_body_was_whole_is_told_not_as_a_failure() -> None:
+    exc = CallerLeft("The caller closed its connection after 32 of 10000 bytes of its request body")
+    level, line = refusal_line("messages", exc)
+    assert level == logging.INFO
+    assert line == (
+        'call left: front=messages status=499 code=client_disconnected message="The caller '
+        'closed its connection after 32 of 10000 bytes of its request body" recorded=false'
     )
 
 

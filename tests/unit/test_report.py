@@ -220,12 +220,35 @@ def test_repairs_are_apart_unless_asked_for() -> None:
     assert all(not r.is_repair for r in report.calls)
     assert (report.totals.repairs, report.totals.repair_evaluated_tokens) == (2, 152)
     assert report.totals.evaluated_tokens == 6734  # the turns' own, repairs not included
-    (repairs,) = build_report(select_rows(rows, "cache_repair"), repairs_as_calls=True)
+    (repairs,) = build_report(select_rows(rows, "cache_repair"), "cache_repair")
     assert [(r.purpose, r.turn) for r in repairs.calls] == [
         ("cache_repair", 1),
         ("cache_repair", 2),
     ]
     assert repairs.totals.evaluated_tokens == 152 and repairs.totals.repairs == 0
+
+
+def test_token_counts_are_no_turns_unless_asked_for() -> None:
+    rows = number_turns(
+        [
+            call("2026-01-01T00:00:01Z", prompt_tokens=100, evaluated_tokens=100),
+            call("2026-01-01T00:00:02Z", purpose="token_count", miss_cause="first_call"),
+            call("2026-01-01T00:00:03Z", prompt_tokens=150, evaluated_tokens=50),
+            call("2026-01-01T00:00:04Z", purpose="token_count", status="error"),
+        ]
+    )
+    (report,) = build_report(rows)
+    # a count is the gateway's own record of a request that called no model
+    assert [r.purpose for r in report.calls] == ["agent_turn", "agent_turn"]
+    assert [r.turn for r in report.token_counts] == [1, 2]
+    totals = report.totals
+    assert (totals.calls, totals.evaluated_tokens, totals.misses) == (2, 150, {})
+    assert (totals.repairs, totals.repair_evaluated_tokens) == (0, None)
+    markdown = render_markdown([report])
+    assert "2 token counts (purpose `token_count`, no model call, not in the table)." in markdown
+    assert "| token_count |" not in markdown
+    (counts,) = build_report(select_rows(rows, "token_count"), "token_count")
+    assert [(r.purpose, r.turn) for r in counts.calls] == [("token_count", 1), ("token_count", 2)]
 
 
 def test_markdown_cells_escape_pipes() -> None:

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 from boundedcode_gateway.metering.calllog import read_calls
-from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 from boundedcode_gateway.report.build import build_report
 from boundedcode_gateway.report.render import (
     render_csv_calls,
@@ -54,7 +53,7 @@ def run_report(
             return EXIT_REPORT
     # turns are numbered over the whole log of the task, so a filter keeps their numbers
     rows = select_rows(number_turns(read_calls(calls_path, task=task)), purpose, since_at)
-    reports = build_report(rows, repairs_as_calls=purpose == REPAIR_PURPOSE)
+    reports = build_report(rows, purpose)
     if fmt == "json":
         text = render_json(reports, {"task": task, "purpose": purpose, "since": since})
     elif fmt == "csv":

@@ -126,6 +126,9 @@ def run_serve(
             http=protocol_for(config.limits, config.inference.write_stall_s),
             lifespan="on",
             access_log=False,
+            # no `server: uvicorn` on every answer: what the gateway runs on is no
+            # caller's business (and a guide to its known flaws)
+            server_header=False,
             # the gateway never reads the caller's address: no X-Forwarded-* rewriting
             # middleware on every request
             proxy_headers=False,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from boundedcode_gateway.config import LimitsSettings
-from boundedcode_gateway.errors import BodiesOverBudget, BodyTooLarge, BodyTooSlow
+from boundedcode_gateway.errors import BodiesOverBudget, BodyTooLarge, BodyTooSlow, CallerLeft
 from boundedcode_gateway.ingress.render import Receive
 
 
@@ -101,6 +101,11 @@ def _too_slow(pace: BodyPace, received: int, elapsed: float, whole_s: float) -> 
     return BodyTooSlow(f"The request body {reason}")
 
 
+def _left(received: int, declared: str | None) -> CallerLeft:
+    of = f"{received} of {declared} bytes" if declared is not None else f"{received} bytes"
+    return CallerLeft(f"The caller closed its connection after {of} of its request body")
+
+
 async def read_request_body(
     scope: dict[str, Any],
     receive: Receive,
@@ -109,7 +114,8 @@ async def read_request_body(
     budget: ReadingBudget | None = None,
 ) -> bytes:
     """The request body; refused with 413 as soon as it passes ``limit`` bytes, with 408
-    as soon as it falls behind ``pace``, with 503 when ``budget`` cannot hold it."""
+    as soon as it falls behind ``pace``, with 503 when ``budget`` cannot hold it;
+    ``CallerLeft`` when the caller closes its connection before the body is whole."""
     declared = _declared_length(scope)
     length = limit
     if declared is not None and declared.isdigit():
@@ -130,7 +136,7 @@ async def read_request_body(
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
-                    raise asyncio.CancelledError
+                    raise _left(size, declared)
                 chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > limit:

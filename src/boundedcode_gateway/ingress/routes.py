@@ -25,6 +25,7 @@ from boundedcode_gateway.errors import (
     BodiesOverBudget,
     BodyTooLarge,
     BodyTooSlow,
+    CallerLeft,
     Forbidden,
     GatewayError,
     InvalidRequest,
@@ -363,6 +364,9 @@ class Router:
         try:
             raw = await read_request_body(scope, receive, max_body_bytes, pace, self.reading)
             parsed: Any = await self.body_parser.parse(raw)
+        except CallerLeft as exc:
+            self._unrecorded(front, exc)  # one line; there is no one to answer
+            return
         except GatewayError as exc:
             self._unrecorded(front, exc)
             raise

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from boundedcode_gateway.metering.records import LEDGER_FIELDS
+from boundedcode_gateway.metering.records import LEDGER_FIELDS, TOKEN_COUNT_PURPOSE
 from boundedcode_gateway.policy.cache_misses import NOT_A_MISS, REPAIR_PURPOSE
 
 _COLUMNS = ", ".join(LEDGER_FIELDS)
@@ -60,9 +60,12 @@ def calls_query(f: CallFilter) -> tuple[str, list[Any]]:
 
 CALL_SQL = f"SELECT {_COLUMNS} FROM model_calls WHERE call_id = ?"
 
-# Per task, the caller's turns (repairs apart): sums stay NULL where no call reported
-# the field, and the hit ratio's base is the calls that reported both prompt and cache.
-_TURN = f"purpose <> '{REPAIR_PURPOSE}'"
+# Per task, the caller's turns: every record but the gateway's own, its cache repairs
+# (summed apart) and its token counts (no model call: counted nowhere). Sums stay NULL
+# where no call reported the field, and the hit ratio's base is the calls that reported
+# both prompt and cache.
+_TURN = f"purpose NOT IN ('{REPAIR_PURPOSE}', '{TOKEN_COUNT_PURPOSE}')"
+_REPAIR = f"purpose = '{REPAIR_PURPOSE}'"
 _BOTH = "prompt_tokens IS NOT NULL AND cached_tokens IS NOT NULL"
 TASK_COLUMNS = (
     "task",
@@ -111,8 +114,8 @@ def tasks_query(search: str | None, limit: int, like: str = "LIKE") -> tuple[str
         f"SUM(CASE WHEN {_TURN} AND {_BOTH} THEN cached_tokens END), "
         f"SUM(CASE WHEN {_TURN} THEN evaluated_tokens END), "
         f"SUM(CASE WHEN {_TURN} THEN prefill_ms END), "
-        f"SUM(CASE WHEN {_TURN} THEN 0 ELSE 1 END), "
-        f"SUM(CASE WHEN {_TURN} THEN NULL ELSE evaluated_tokens END), "
+        f"SUM(CASE WHEN {_REPAIR} THEN 1 ELSE 0 END), "
+        f"SUM(CASE WHEN {_REPAIR} THEN evaluated_tokens END), "
         "MIN(started_at), MAX(started_at) "
         f"FROM model_calls{clause} GROUP BY task ORDER BY MAX(started_at) DESC LIMIT ?"
     )

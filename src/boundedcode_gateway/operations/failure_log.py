@@ -7,8 +7,10 @@ call, and written by a thread of its own: the request path never waits for stder
 queue is bounded; lines past it are dropped and counted.
 
 Not failures, so not logged: a call that succeeded, a caller that went away
-(``client_disconnected``: the gateway did nothing wrong) and the gateway's own work
-that gave way to a caller (status ``abandoned``).
+(``client_disconnected``: the gateway did nothing wrong, and its record says so) and
+the gateway's own work that gave way to a caller (status ``abandoned``). A caller that
+went away before its body was whole has no record (no model was read): it is one line
+at ``INFO``, ``call left: ...``, so that uploads that never finished are seen at all.
 
 The line says what went wrong and where, never what was asked: the front, the model
 name, the status, the code and the error's message (clipped, control characters
@@ -24,7 +26,7 @@ import queue
 import threading
 from collections.abc import Iterable
 
-from boundedcode_gateway.errors import GatewayError
+from boundedcode_gateway.errors import CallerLeft, GatewayError
 from boundedcode_gateway.metering.meter import CLIENT_CLOSED
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.text import clip, printable
@@ -110,8 +112,12 @@ def refusal_line(front: str, exc: GatewayError) -> tuple[int, str]:
         ("code", exc.code or exc.type),
         ("message", exc.message),
     ]
-    level = logging.WARNING if exc.http_status < 500 else logging.ERROR
-    verb = "refused" if exc.http_status < 500 else "failed"
+    if isinstance(exc, CallerLeft):
+        level, verb = logging.INFO, "left"  # not a failure: there was no one to answer
+    elif exc.http_status < 500:
+        level, verb = logging.WARNING, "refused"
+    else:
+        level, verb = logging.ERROR, "failed"
     return level, f"call {verb}: {_pairs(pairs)} recorded=false"
 
 

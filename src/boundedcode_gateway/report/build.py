@@ -5,26 +5,35 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from boundedcode_gateway.metering.records import TOKEN_COUNT_PURPOSE
+from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 from boundedcode_gateway.report.rows import CallRow
 from boundedcode_gateway.report.totals import TaskTotals, task_totals
 
 
 @dataclass(frozen=True, slots=True)
 class TaskReport:
-    """One task: its calls (the per-call table), its repairs (counted apart) and its totals."""
+    """One task: its calls (the per-call table), its repairs (counted apart), its token
+    counts (listed apart) and its totals."""
 
     task: str
     calls: tuple[CallRow, ...]
     repairs: tuple[CallRow, ...]
     totals: TaskTotals
+    token_counts: tuple[CallRow, ...] = ()
 
 
-def build_report(rows: Sequence[CallRow], repairs_as_calls: bool = False) -> list[TaskReport]:
+# the purposes of the gateway's own records: never a caller's turn
+OWN_PURPOSES = frozenset({REPAIR_PURPOSE, TOKEN_COUNT_PURPOSE})
+
+
+def build_report(rows: Sequence[CallRow], purpose: str | None = None) -> list[TaskReport]:
     """Group ``rows`` by task, in the order each task first appears.
 
-    Repairs (purpose ``cache_repair``) are the gateway's own work, not the caller's
-    turns: they are kept out of a task's calls and summed apart. ``repairs_as_calls``
-    (a report asked for the purpose ``cache_repair`` itself) lists them as the calls.
+    Repairs (purpose ``cache_repair``) are the gateway's own work, and token counts
+    (purpose ``token_count``) are no model call: neither is a caller's turn, so both are
+    kept out of a task's calls, the repairs summed apart. A report asked for one of
+    these purposes itself (``purpose``) lists its records as the calls.
     """
     order: list[str] = []
     by_task: dict[str, list[CallRow]] = {}
@@ -36,12 +45,12 @@ def build_report(rows: Sequence[CallRow], repairs_as_calls: bool = False) -> lis
     reports = []
     for task in order:
         task_rows = by_task[task]
-        if repairs_as_calls:
-            calls, repairs = task_rows, []
+        if purpose in OWN_PURPOSES:
+            calls, repairs, counts = task_rows, [], []
         else:
-            calls = [r for r in task_rows if not r.is_repair]
+            calls = [r for r in task_rows if r.purpose not in OWN_PURPOSES]
             repairs = [r for r in task_rows if r.is_repair]
-        reports.append(
-            TaskReport(task, tuple(calls), tuple(repairs), task_totals(task, calls, repairs))
-        )
+            counts = [r for r in task_rows if r.is_token_count]
+        totals = task_totals(task, calls, repairs)
+        reports.append(TaskReport(task, tuple(calls), tuple(repairs), totals, tuple(counts)))
     return reports

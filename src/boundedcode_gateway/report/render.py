@@ -1,10 +1,10 @@
 """The report as text: Markdown, CSV or JSON. Pure: strings from ``TaskReport`` lists.
 
 Markdown is for reading (one table of calls per task, then one table of totals);
-CSV holds one table, the calls or the totals; JSON holds everything, the repairs'
-own rows included. Numbers are printed as recorded; sums of times are rounded to
-the microsecond and ratios to six places so that the output does not depend on the
-order of float additions.
+CSV holds one table, the calls or the totals; JSON holds everything, the repairs' and
+the token counts' own rows included. Numbers are printed as recorded; sums of times
+are rounded to the microsecond and ratios to six places so that the output does not
+depend on the order of float additions.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from boundedcode_gateway.metering.records import TOKEN_COUNT_PURPOSE
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 from boundedcode_gateway.report.build import TaskReport
 from boundedcode_gateway.report.rows import CallRow
@@ -171,6 +172,14 @@ def render_markdown(reports: Sequence[TaskReport]) -> str:
                     f"not in the table) evaluated {evaluated} tokens.",
                 ]
             )
+        if report.token_counts:
+            out.extend(
+                [
+                    "",
+                    f"{len(report.token_counts)} token counts (purpose `{TOKEN_COUNT_PURPOSE}`, "
+                    "no model call, not in the table).",
+                ]
+            )
         out.append("")
     out.extend(["## Totals", ""])
     out.extend(_md_table(TOTAL_HEADERS, [_totals_cells(r.totals) for r in reports]))
@@ -199,7 +208,8 @@ def _csv(fields: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def render_csv_calls(reports: Sequence[TaskReport]) -> str:
-    """One line per call (repairs left out, as in Markdown); empty cell = not reported."""
+    """One line per call (repairs and token counts left out, as in Markdown); empty cell =
+    not reported."""
     return _csv(CSV_CALL_FIELDS, [call_dict(r) for rep in reports for r in rep.calls])
 
 
@@ -212,8 +222,8 @@ def render_csv_totals(reports: Sequence[TaskReport]) -> str:
 
 
 def render_json(reports: Sequence[TaskReport], filters: Mapping[str, Any]) -> str:
-    """Everything: the filters, and per task its calls, its repairs and its totals
-    (``null`` = not reported)."""
+    """Everything: the filters, and per task its calls, its repairs, its token counts
+    and its totals (``null`` = not reported)."""
     document = {
         "filters": dict(filters),
         "tasks": [
@@ -221,6 +231,7 @@ def render_json(reports: Sequence[TaskReport], filters: Mapping[str, Any]) -> st
                 "task": rep.task,
                 "calls": [call_dict(r) for r in rep.calls],
                 "repairs": [call_dict(r) for r in rep.repairs],
+                "token_counts": [call_dict(r) for r in rep.token_counts],
                 "totals": totals_dict(rep.totals),
             }
             for rep in reports

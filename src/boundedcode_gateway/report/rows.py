@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from boundedcode_gateway.metering.records import TOKEN_COUNT_PURPOSE
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 
 # the gateway's own follow-up work after a llama.cpp answer (llama_server/cache_keeper.py);
@@ -42,6 +43,10 @@ class CallRow:
     @property
     def is_repair(self) -> bool:
         return self.purpose == REPAIR_PURPOSE
+
+    @property
+    def is_token_count(self) -> bool:
+        return self.purpose == TOKEN_COUNT_PURPOSE
 
 
 def _int(value: Any) -> int | None:
