@@ -149,3 +149,36 @@ def test_a_caller_that_leaves_mid_upload_is_one_quiet_line(serving: Serving) -> 
     # one line each, of the body it was reading and how far it got
     assert all("recorded=false" in line and "INFO" in line for line in left), left
     assert all("32 of 10000 bytes" in line for line in left), left
+
+
+def _raw_answer(port: int, request: bytes) -> bytes:
+    sock = connect(port)
+    sock.sendall(request)
+    data = b""
+    sock.settimeout(5)
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    sock.close()
+    return data
+
+
+@pytest.mark.parametrize("upgrade", [b"websocket", b"h2c"])
+def test_an_upgrade_request_is_served_as_plain_http(serving: Serving, upgrade: bytes) -> None:
+    """The gateway speaks no WebSocket and no HTTP/2: a request asking to switch is answered
+    as the HTTP/1.1 request it is, in JSON, and logs nothing."""
+    request = (
+        b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n"
+        b"Upgrade: " + upgrade + b"\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        b"Sec-WebSocket-Version: 13\r\nHTTP2-Settings: AAMAAABkAARAAAAA\r\n\r\n"
+    )
+    data = _raw_answer(serving.port, request)
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), data[:300]
+    assert b"application/json" in head.lower()
+    assert b'"object":"list"' in body
+    output = serving.stop()
+    assert "Traceback" not in output and "ERROR" not in output, output
+    assert "upgrade" not in output.lower(), output

@@ -125,6 +125,9 @@ def run_serve(
             # caller that stops reading cut off
             http=protocol_for(config.limits, config.inference.write_stall_s),
             lifespan="on",
+            # no route speaks WebSocket: an upgrade is served as plain HTTP, never handed
+            # to a protocol whose scope no route takes (a text/plain 500)
+            ws="none",
             access_log=False,
             # no `server: uvicorn` on every answer: what the gateway runs on is no
             # caller's business (and a guide to its known flaws)

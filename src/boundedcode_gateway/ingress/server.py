@@ -188,6 +188,11 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
         elif self._limit_timer is None:
             self._arm()
 
+    def _unsupported_upgrade_warning(self) -> None:
+        # a request asking for WebSocket or HTTP/2 is answered as the HTTP/1.1 request it
+        # also is: nothing for an operator to hear of, once per request
+        return
+
     def send_400_response(self, msg: str) -> None:
         # uvicorn's own answer is text/plain; every answer of the gateway is OpenAI-shaped
         log.info("refused a request: %s", msg)
