@@ -239,3 +239,31 @@ def test_video_to_a_model_without_video_is_refused(
         gw.client().chat.completions.create(model="local", messages=messages)
     assert info.value.code == "capability_missing" and "does not take video" in info.value.message
     assert _chat_requests(upstreams.llama) == []
+
+
+def test_an_image_by_url_in_a_tool_result_is_refused(
+    upstreams: Upstreams,
+    start_gateway: GatewayFactory,
+    host: tuple[MediaHost, RunningServer],
+) -> None:
+    """A tool's screenshot by URL is a part of a tool message: held to the same rule."""
+    media, server = host
+    _multimodal(upstreams)
+    gw = start_gateway(upstreams.profiles)
+    image = {"type": "image", "source": {"type": "url", "url": server.url + "/shot.png"}}
+    use = {"type": "tool_use", "id": "toolu_1", "name": "screenshot", "input": {}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": [image]}
+    messages: Any = [
+        {"role": "user", "content": "look"},
+        {"role": "assistant", "content": [use]},
+        {"role": "user", "content": [result]},
+    ]
+    answer = httpx.post(
+        gw.url + "/v1/messages",
+        json={"model": "local", "max_tokens": 10, "messages": messages},
+        headers={"anthropic-version": "2023-06-01"},
+        timeout=10,
+    )
+    assert answer.status_code == 400
+    assert answer.json()["error"]["message"].startswith("source.type:")
+    assert _chat_requests(upstreams.llama) == [] and media.paths == []
