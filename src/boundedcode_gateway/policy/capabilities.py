@@ -14,12 +14,19 @@ from boundedcode_gateway.upstream.capabilities import Capabilities
 
 # how long a URL a refusal repeats may be
 _URL_CHARS = 200
-# what each kind of media is called in a refusal: the part, the noun
-_NAMES: dict[MediaKind, tuple[str, str]] = {
-    "image": ("image_url", "images"),
-    "audio": ("input_audio", "audio"),
-    "video": ("input_video", "video"),
-    "file": ("file", "files"),
+# a media type of each kind, for the example in a refusal
+_EXAMPLE_TYPES: dict[MediaKind, str] = {
+    "image": "image/png",
+    "audio": "audio/wav",
+    "video": "video/mp4",
+    "file": "application/pdf",
+}
+# what each kind of media is called in a refusal
+_NOUNS: dict[MediaKind, str] = {
+    "image": "images",
+    "audio": "audio",
+    "video": "video",
+    "file": "files",
 }
 
 
@@ -35,7 +42,7 @@ def _taken(kind: MediaKind, caps: Capabilities) -> bool:
 
 
 def _not_taken(part: MediaPart, model: str) -> CapabilityMissing:
-    noun = _NAMES[part.kind][1]
+    noun = _NOUNS[part.kind]
     flag = "vision" if part.kind == "image" else part.kind
     return CapabilityMissing(
         f"Invalid content type. {part.part_type} is only supported by certain models. "
@@ -45,13 +52,14 @@ def _not_taken(part: MediaPart, model: str) -> CapabilityMissing:
 
 
 def _fetched(part: MediaPart, field: str, url: str, model: str) -> RemoteMediaRefused:
-    noun = _NAMES[part.kind][1]
+    noun = _NOUNS[part.kind]
     path = f"{part.where}.{part.part_type}" + (f".{field}" if field else "")
     return RemoteMediaRefused(
-        f"Invalid {part.kind} URL: the model '{model}' takes {noun} inline only, as a "
-        f"data: URL with base64 (data:<media type>;base64,...) or bare base64; the "
-        f"gateway does not let the model's server fetch '{clip(url, _URL_CHARS)}' from "
-        "its host (the profile's remote_media is refuse).",
+        f"Invalid '{path}': expected a base64-encoded data URL (e.g. "
+        f"'data:{_EXAMPLE_TYPES[part.kind]};base64,...') or base64, but got a URL that the "
+        f"server of the model '{model}' would fetch: '{clip(url, _URL_CHARS)}'. This "
+        f"gateway takes {noun} inline only for this model, so that its server fetches "
+        "nothing from the gateway's host (the profile's remote_media is refuse).",
         param=path,
         kind=part.kind,
         url=clip(url, _URL_CHARS),
