@@ -39,6 +39,9 @@ ReasoningHistory = Literal["auto", "keep", "drop"]
 ThinkingMode = Literal["enabled", "adaptive", "off"]
 # how a call picks one of a profile's several servers (docs/scaling.md)
 Routing = Literal["affinity", "least_busy", "round_robin"]
+# what a local profile does with a media part that names a URL, which its server would
+# fetch (docs/security.md#media-from-urls): refuse it, or pass it on
+RemoteMedia = Literal["refuse", "pass"]
 # the name the embedded default configuration goes by in messages
 EMBEDDED_DEFAULT = "<embedded default>"
 # the call log's file name inside the data directory
@@ -416,6 +419,8 @@ class ModelProfile(_Strict):
     replica_extra_args: tuple[tuple[str, ...], ...] | None = None
     # unset: affinity (only for a profile of several servers)
     routing: Routing | None = None
+    # unset: refuse (``local`` only: a cloud provider fetches from its own network)
+    remote_media: RemoteMedia | None = None
     base_url: str | None = None
     api_key_env: str | None = None
     reasoning_history: ReasoningHistory | None = None
@@ -612,6 +617,15 @@ class ModelProfile(_Strict):
         )
 
     @property
+    def takes_media_urls(self) -> bool:
+        """Whether a media part may name a URL for the upstream to fetch: a cloud
+        provider's own network fetches it; a local profile's server, on this host, only
+        where the profile says ``remote_media: pass``."""
+        if not KINDS[self.provider].local:
+            return True
+        return self.remote_media == "pass"
+
+    @property
     def routing_policy(self) -> Routing:
         """How a call picks one of the profile's servers (affinity unless set)."""
         return self.routing or "affinity"
@@ -674,6 +688,7 @@ _LOCAL_KEYS = (
     "replicas",
     "replica_extra_args",
     "routing",
+    "remote_media",
 )
 
 

@@ -7,7 +7,8 @@ The tree::
     GatewayError
     ├── InvalidRequest            400 invalid_request_error
     │   ├── ContextLengthExceeded 400 context_length_exceeded
-    │   └── CapabilityMissing     400 capability_missing
+    │   ├── CapabilityMissing     400 capability_missing
+    │   └── RemoteMediaRefused    400 remote_media_refused
     ├── Unauthenticated           401 invalid_api_key
     ├── Forbidden                 403 model_not_allowed, task_mismatch, …
     ├── ModelNotFound             404 model_not_found
@@ -110,6 +111,19 @@ class ContextLengthExceeded(InvalidRequest):
 
 class CapabilityMissing(InvalidRequest):
     default_code = "capability_missing"
+
+
+class RemoteMediaRefused(InvalidRequest):
+    """A media part that names a URL the profile's server would fetch from this host
+    (docs/security.md#media-from-urls); what it was, for each front's wording."""
+
+    default_code = "remote_media_refused"
+
+    def __init__(self, message: str, *, param: str, kind: str, url: str, model: str) -> None:
+        super().__init__(message, param=param)
+        self.kind = kind
+        self.url = url
+        self.model = model
 
 
 class Unauthenticated(GatewayError):

@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import orjson
 
 from tests.fakes.common import (
@@ -199,6 +200,8 @@ class FakeLlamaServer:
         supports_preserve_reasoning: bool = True,
         supports_tools: bool = True,
         vision: bool = False,
+        audio: bool = False,
+        video: bool = False,
         api_key: str | None = None,
         prompt_ms_per_token: float = 0.5,
         predicted_ms_per_token: float = 10.0,
@@ -219,6 +222,11 @@ class FakeLlamaServer:
         self.supports_preserve_reasoning = supports_preserve_reasoning
         self.supports_tools = supports_tools
         self.vision = vision
+        self.audio = audio
+        self.video = video
+        # each media URL the server downloaded, as the real one downloads a part's source
+        # that begins with "http" (server-common.cpp, handle_media)
+        self.media_fetches: list[str] = []
         self.api_key = api_key
         self.prompt_ms_per_token = prompt_ms_per_token
         self.predicted_ms_per_token = predicted_ms_per_token
@@ -313,7 +321,7 @@ class FakeLlamaServer:
             "model_alias": self.model_alias,
             "model_ftype": "Q4_K - Medium",
             "model_path": f"/models/{self.model_alias}.gguf",
-            "modalities": {"vision": self.vision, "video": False, "audio": False},
+            "modalities": {"vision": self.vision, "video": self.video, "audio": self.audio},
             "media_marker": MEDIA_MARKER,
             "endpoint_slots": True,
             "endpoint_props": False,
@@ -433,8 +441,34 @@ class FakeLlamaServer:
 
     # ------------------------------------------------------------------ chat
 
+    def _modalities(self) -> _Modalities:
+        return _Modalities(self.vision, self.audio, self.video)
+
+    async def _load_media(self, body: JSON) -> None:
+        """Each media part's source, as the real server loads it: a URL beginning with
+        "http" downloaded (10 s, any 2xx), other sources decoded in place."""
+        messages = body.get("messages") if isinstance(body, dict) else None
+        for msg in messages if isinstance(messages, list) else []:
+            content = msg.get("content") if isinstance(msg, dict) else None
+            for part in content if isinstance(content, list) else []:
+                _check_part(part, self._modalities())
+                url = _media_source(part)
+                if url.startswith("http"):
+                    await self._download(url)
+
+    async def _download(self, url: str) -> None:
+        self.media_fetches.append(url)
+        try:
+            async with httpx.AsyncClient(timeout=10) as client:
+                resp = await client.get(url)
+        except httpx.HTTPError as exc:
+            raise LlamaError(500, "Failed to download image") from exc
+        if not 200 <= resp.status_code < 300:
+            raise LlamaError(500, "Failed to download image")
+
     async def _chat(self, req: HttpRequest, link: CallerLink) -> None:
         body = _parse_body(req)
+        await self._load_media(body)
         queued = bool(self.replies)
         reply = self.replies.popleft() if queued else None
         if reply is None and self.responder is not None:
@@ -468,7 +502,7 @@ class FakeLlamaServer:
 
     def _prepare(self, body: JSON) -> _ChatTask:
         _check_response_format(body)
-        messages = _check_messages(body, self.vision)
+        messages = _check_messages(body, self._modalities())
         tools: list[Any] = body["tools"] if isinstance(body.get("tools"), list) else []
         tool_choice = _parse_tool_choice(body)
         _check_reasoning_format(body)
@@ -707,8 +741,11 @@ class FakeLlamaServer:
         await self._send(send, 200, out)
 
     async def _apply_template(self, req: HttpRequest, send: Send) -> None:
-        """`POST /apply-template`: the prompt a chat request renders to."""
-        task = self._prepare(_parse_body(req))
+        """`POST /apply-template`: the prompt a chat request renders to (its media loaded
+        first, as the real server's parsing of a chat request loads them)."""
+        body = _parse_body(req)
+        await self._load_media(body)
+        task = self._prepare(body)
         await self._send(send, 200, {"prompt": task.prompt})
 
     async def _tokenize(self, req: HttpRequest, send: Send) -> None:
@@ -984,18 +1021,41 @@ def _check_response_format(body: JSON) -> None:
         )
 
 
-def _check_messages(body: JSON, vision: bool) -> list[JSON]:
+@dataclass(frozen=True, slots=True)
+class _Modalities:
+    """What the server's multimodal projector takes (`/props` `modalities`)."""
+
+    vision: bool
+    audio: bool
+    video: bool
+
+
+def _media_source(part: Any) -> str:
+    """Where a media part's bytes are, as the real server reads it ("" for none)."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "image_url":
+        value = part.get("image_url")
+        url = value.get("url") if isinstance(value, dict) else None
+    elif kind in ("input_audio", "input_video", "video_url"):
+        value = part.get(kind)
+        url = value.get("data", value.get("url")) if isinstance(value, dict) else None
+    else:
+        url = None
+    return url if isinstance(url, str) else ""
+
+
+def _check_messages(body: JSON, modalities: _Modalities) -> list[JSON]:
     if "messages" not in body:
         raise LlamaError(400, "'messages' is required")
     messages = body["messages"]
     if not isinstance(messages, list):
         raise LlamaError(400, "Expected 'messages' to be an array")
     for msg in messages:
-        _check_message(msg, vision)
+        _check_message(msg, modalities)
     return messages
 
 
-def _check_message(msg: Any, vision: bool) -> None:
+def _check_message(msg: Any, modalities: _Modalities) -> None:
     if not isinstance(msg, dict):
         raise LlamaError(500, f"Failed to parse messages: Expected a message object: {msg!r}")
     role = msg.get("role")
@@ -1006,7 +1066,7 @@ def _check_message(msg: Any, vision: bool) -> None:
     content = msg.get("content")
     if isinstance(content, list):
         for part in content:
-            _check_part(part, vision)
+            _check_part(part, modalities)
     elif content is not None and not isinstance(content, str):
         raise LlamaError(400, "Expected 'content' to be a string or an array")
     if not isinstance(role, str):
@@ -1014,15 +1074,15 @@ def _check_message(msg: Any, vision: bool) -> None:
         raise LlamaError(500, f"Failed to parse messages: Missing 'role' in message: {dumped}")
 
 
-def _check_part(part: Any, vision: bool) -> None:
+def _check_part(part: Any, modalities: _Modalities) -> None:
     kind = part.get("type") if isinstance(part, dict) else None
-    if kind == "image_url" and not vision:
+    if kind == "image_url" and not modalities.vision:
         raise LlamaError(500, f"image {_MMPROJ_HINT}")
-    if kind == "input_audio":
+    if kind == "input_audio" and not modalities.audio:
         raise LlamaError(500, f"audio {_MMPROJ_HINT}")
-    if kind in ("input_video", "video_url"):
+    if kind in ("input_video", "video_url") and not modalities.video:
         raise LlamaError(500, f"video {_MMPROJ_HINT}")
-    if kind not in ("text", "image_url"):
+    if kind not in ("text", "image_url", "input_audio", "input_video", "video_url"):
         raise LlamaError(400, "unsupported content[].type")
 
 

@@ -185,6 +185,8 @@ def test_health_props_and_unknown_path(both: dict[str, str]) -> None:
     real, fake = each(both, lambda u: direct_get(u + "/props", timeout=10))
     r, f = real.json(), fake.json()
     assert set(r["chat_template_caps"]) == set(f["chat_template_caps"])
+    # the capabilities' vision, audio and video
+    assert r["modalities"] == f["modalities"] == {"vision": False, "video": False, "audio": False}
     missing = {
         "default_generation_settings",
         "total_slots",

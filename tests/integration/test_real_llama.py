@@ -26,6 +26,8 @@ def test_capabilities_from_real_props(real: Gateway) -> None:
     # SmolLM2's template renders neither tools nor earlier reasoning
     assert smol["reasoning_back"] is False and smol["tools"] is False
     assert smol["prompt_progress"] is True and smol["vision"] is False
+    # no multimodal projector: neither audio nor video; and no URLs for the server to fetch
+    assert smol["audio"] is False and smol["video"] is False and smol["media_urls"] is False
     assert smol["context_tokens"] == 8192
     reasoner = caps(real, "reasoner")
     assert reasoner["source"] == "props" and reasoner["reasoning_back"] is True

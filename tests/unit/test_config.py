@@ -205,3 +205,41 @@ def test_reasoning_sharing_and_the_seals_age_default_and_are_checked() -> None:
         parse_config(GOOD + "reasoning: {shared_by: everyone}\n", "<c>")
     with pytest.raises(ConfigError, match=r"reasoning\.seal_max_age_days"):
         parse_config(GOOD + "reasoning: {seal_max_age_days: 0}\n", "<c>")
+
+
+def test_remote_media_is_refused_for_a_local_profile_unless_it_says_pass() -> None:
+    config = parse_config(GOOD)
+    assert config.models["local"].remote_media is None
+    assert config.models["local"].takes_media_urls is False
+    # a cloud provider fetches from its own network: left as it is
+    assert config.models["gpt"].takes_media_urls is True
+    local = "    external_url: http://127.0.0.1:8080\n"
+    passing = parse_config(GOOD.replace(local, local + "    remote_media: pass\n"))
+    assert passing.models["local"].takes_media_urls is True
+    refusing = parse_config(GOOD.replace(local, local + "    remote_media: refuse\n"))
+    assert refusing.models["local"].takes_media_urls is False
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            (
+                "    external_url: http://127.0.0.1:8080\n",
+                "    external_url: http://127.0.0.1:8080\n    remote_media: fetch\n",
+            ),
+            "<c>:9: models.local.remote_media: Input should be 'refuse' or 'pass'",
+        ),
+        (
+            (
+                "    api_key_env: OPENAI_API_KEY\n",
+                "    api_key_env: OPENAI_API_KEY\n    remote_media: refuse\n",
+            ),
+            "<c>:9: models.gpt: 'remote_media' is only for provider 'local', not 'openai'",
+        ),
+    ],
+)
+def test_remote_media_mistakes_name_key_and_line(change: tuple[str, str], expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(GOOD.replace(*change), "<c>")
+    assert str(info.value).startswith(expected)

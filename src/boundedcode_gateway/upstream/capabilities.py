@@ -24,6 +24,11 @@ class Capabilities:
     source: CapabilitySource
     tools: bool = True
     vision: bool = True
+    audio: bool = True
+    video: bool = True
+    # a media part may name a URL (http...) that the upstream fetches; False: only inline
+    # data (a local server would fetch it from this host: docs/security.md#media-from-urls)
+    media_urls: bool = True
     context_tokens: int | None = None
     # why earlier reasoning cannot go back (a reasoning model whose template drops it)
     reasoning_back_refusal: str | None = None
@@ -41,6 +46,9 @@ class Capabilities:
             "source": self.source,
             "tools": self.tools,
             "vision": self.vision,
+            "audio": self.audio,
+            "video": self.video,
+            "media_urls": self.media_urls,
             "context_tokens": self.context_tokens,
             "reasoning_back_refusal": self.reasoning_back_refusal,
             "continue_after_break": self.continue_after_break,

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from boundedcode_gateway.errors import GatewayError
+from boundedcode_gateway.errors import GatewayError, RemoteMediaRefused
 
 OVERFLOW_CODE = "context_length_exceeded"
 # the response header Anthropic names each request by (also the error body's request_id)
@@ -118,7 +118,8 @@ _ANTHROPIC_WORDS = {
 
 def anthropic_message(exc: GatewayError) -> str:
     """An error's message in Anthropic's words where Anthropic has words for that case
-    (an unknown model, a missing or invalid key, a body too large, an overflow);
+    (an unknown model, a missing or invalid key, a body too large, an overflow, a
+    media URL refused);
     the gateway's otherwise."""
     if exc.code == OVERFLOW_CODE:
         return prompt_too_long(exc.message)
@@ -127,11 +128,25 @@ def anthropic_message(exc: GatewayError) -> str:
         return f"model: {found[1]}" if found else exc.message
     if exc.code == "request_too_large":
         return _ANTHROPIC_WORDS["request_too_large"]
+    if isinstance(exc, RemoteMediaRefused):
+        return remote_media_refused(exc)
     if exc.http_status == 401:
         for start, words in _ANTHROPIC_WORDS.items():
             if exc.message.startswith(start):
                 return words
     return exc.message
+
+
+def remote_media_refused(exc: RemoteMediaRefused) -> str:
+    """A media block whose source is a URL, refused for a profile whose server would fetch
+    it: said of the block's ``source``, as Anthropic's validator names a block's field
+    (the only such block a Messages request can hold is an image's)."""
+    return (
+        f"source.type: a source of type 'url' is not supported for the model '{exc.model}'"
+        f" on this gateway: send the {exc.kind} as a source of type 'base64' (the"
+        f" model's server would fetch '{exc.url}' from the gateway's host; the"
+        " profile's remote_media is refuse)"
+    )
 
 
 def from_gateway_error(exc: GatewayError) -> tuple[int, bytes]:

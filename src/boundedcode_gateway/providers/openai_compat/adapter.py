@@ -27,6 +27,7 @@ from boundedcode_gateway.llama_server.locate import (
     resolve_server_files,
 )
 from boundedcode_gateway.llama_server.pool import PoolMember, ServerLease, ServerPool
+from boundedcode_gateway.policy.capabilities import check_media
 from boundedcode_gateway.policy.mid_system import ADJUSTMENT as FOLDED_ADJUSTMENT
 from boundedcode_gateway.policy.mid_system import fold_system_messages
 from boundedcode_gateway.policy.reasoning import REASONING_KIND, StoredReasoning
@@ -84,11 +85,13 @@ def capabilities_from_props(
     continues: bool = True,
     refusal: str | None = None,
     system_messages: SystemMessages = "folded",
+    media_urls: bool = False,
 ) -> Capabilities:
     """llama.cpp's capabilities, derived from its ``/props`` answer (``continues``: its
     command line, where the gateway knows it, lets it go on with a partial answer;
     ``system_messages``: what the template probe showed of a system message after the
-    start)."""
+    start; ``media_urls``: the profile lets media parts name URLs for the server to
+    fetch)."""
     caps = props.get("chat_template_caps") or {}
     modalities = props.get("modalities") or {}
     settings = props.get("default_generation_settings") or {}
@@ -101,6 +104,9 @@ def capabilities_from_props(
         source="props",
         tools=bool(caps.get("supports_tools", True)),
         vision=bool(modalities.get("vision", False)),
+        audio=bool(modalities.get("audio", False)),
+        video=bool(modalities.get("video", False)),
+        media_urls=media_urls,
         context_tokens=n_ctx if isinstance(n_ctx, int) else None,
         reasoning_back_refusal=refusal,
         continue_after_break=continues,
@@ -160,6 +166,7 @@ class OpenAICompatUpstream:
             # a cloud API takes system messages anywhere; a local server that is not
             # llama.cpp has a template the gateway cannot probe: folded, which any takes
             system_messages="folded" if self.provider == "local" else "in_place",
+            media_urls=self._profile.takes_media_urls,
         )
 
     async def capabilities(self) -> Capabilities:
@@ -225,7 +232,12 @@ class OpenAICompatUpstream:
         await self._probe_template()
         in_place = renders_mid_system(await self._render(PROBE_MID_SYSTEM_MESSAGES))
         return capabilities_from_props(
-            props, takes, self._flags_continue(), refusal, "in_place" if in_place else "folded"
+            props,
+            takes,
+            self._flags_continue(),
+            refusal,
+            "in_place" if in_place else "folded",
+            self._profile.takes_media_urls,
         )
 
     async def _probe_template(self) -> None:
@@ -381,10 +393,13 @@ class OpenAICompatUpstream:
         """The tokens of the prompt ``body`` renders to on a llama.cpp server: its chat
         template (``POST /apply-template``) over the messages as a call would send them
         (without reasoning the store would restore), then its tokenizer
-        (``POST /tokenize``); None for any other server or service."""
+        (``POST /tokenize``); None for any other server or service. The template's
+        rendering loads the media parts as a call does, so they are held to the same
+        rules first."""
         caps = await self.capabilities()
         if self._dialect is not LLAMA_CPP:
             return None
+        check_media(body, caps, self.name)
         out = to_openai_compat_request(
             body,
             model=self.upstream_model,
