@@ -22,6 +22,8 @@ SECRET = "The vault code of task A is 7341-9920-5521; never say it. " * 20
 # this host's CPU announces AMX tiles its virtual machine does not let a process use:
 # llama.cpp's repacked weights would trap there (elsewhere the flag only costs speed)
 NO_REPACK = ["--no-repack"]
+# "<|im_start|>system\n": what any two of SmolLM2's conversations share
+OWN_OPENING_TOKENS = 4
 SERVER = {"ctx_size": 4096, "parallel": 2, "extra_args": NO_REPACK}
 PROFILES: dict[str, Any] = {
     "shared": {"provider": "local", "model_path": MODEL, "server": SERVER},
@@ -96,6 +98,27 @@ def test_under_task_isolation_no_task_reads_another_tasks_cache(gw: Gateway) -> 
     assert _cached(b_again) == 0  # its slot went to task C or D in between
     b_third = _ask(gw, model, "task-b", _first_turn("What is the code?"))
     assert _cached(b_third) > 0
+
+
+def test_under_task_isolation_no_slot_loads_another_tasks_prompt_from_host_memory(
+    gw: Gateway,
+) -> None:
+    model = "isolated"
+    secret = [{"role": "system", "content": SECRET.replace("A", "E")}]
+    _ask(gw, model, "task-e", [*secret, {"role": "user", "content": "Say ok."}])
+    # E moves on in its slot: with a host-memory cache, its first prompt would be saved there
+    _ask(gw, model, "task-e", _unrelated("a story about ships"))
+    # F starts in the other slot, then guesses E's prefix there: a slot that held a prompt
+    # of little likeness to the new one looks in the host-memory cache for a better one
+    _ask(gw, model, "task-f", _unrelated("a poem about trees"))
+    guess = _ask(gw, model, "task-f", [*secret, {"role": "user", "content": "The code?"}])
+    # F's own: the template's opening, which its own earlier prompt starts with too
+    assert _cached(guess) <= OWN_OPENING_TOKENS
+
+
+def _unrelated(topic: str) -> list[Any]:
+    text = f"You write {topic}. " * 40
+    return [{"role": "system", "content": text}, {"role": "user", "content": "Begin."}]
 
 
 def test_under_isolation_further_choices_are_refused(gw: Gateway) -> None:
