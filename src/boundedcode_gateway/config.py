@@ -881,8 +881,17 @@ _MESSAGES = {
 }
 
 
+# a check of the whole file that is about one key names it first ("models.x.key: ...")
+_NAMED_KEY = re.compile(r"([A-Za-z_][\w-]*(?:\.[\w-]+)+): ")
+
+
 def _describe(err: Any, lines: dict[tuple[str, ...], int], source: str) -> str:
     loc = tuple(str(p) for p in err["loc"])
+    msg = _MESSAGES.get(err["type"]) or str(err["msg"]).removeprefix("Value error, ")
+    named = _NAMED_KEY.match(msg) if not loc else None
+    if named is not None:
+        loc = tuple(named.group(1).split("."))
+        msg = msg[named.end() :]
     name = ".".join(loc) if loc else "(top level)"
     line = None
     for n in range(len(loc), 0, -1):
@@ -890,7 +899,6 @@ def _describe(err: Any, lines: dict[tuple[str, ...], int], source: str) -> str:
             line = lines[loc[:n]]
             break
     where = f"{source}:{line}" if line else source
-    msg = _MESSAGES.get(err["type"]) or str(err["msg"]).removeprefix("Value error, ")
     return f"{where}: {name}: {msg}"
 
 
