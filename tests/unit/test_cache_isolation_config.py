@@ -90,7 +90,18 @@ def test_isolation_that_would_not_hold_is_refused(profile: str, top: str, words:
 def test_an_isolated_server_has_fixed_slots_no_host_cache_and_a_slot_folder() -> None:
     folder = Path("/data/llama-server/l.slots")
     argv = server_command("llama-server", "/m.gguf", 9, "l", ServerSettings(), folder).argv
-    assert argv[-6:] == ("--parallel", "4", "--cache-ram", "0", "--slot-save-path", str(folder))
+    assert argv[-7:] == (
+        "--parallel",
+        "4",
+        "--kv-unified",  # as llama-server's own choice of 4: each slot the whole context
+        "--cache-ram",
+        "0",
+        "--slot-save-path",
+        str(folder),
+    )
+    own = ServerSettings(extra_args=("--no-kv-unified",))
+    argv = server_command("llama-server", "/m.gguf", 9, "l", own, folder).argv
+    assert "--kv-unified" not in argv
     # the operator's own slot count and an explicit 0 stay, once each
     argv = server_command(
         "llama-server", "/m.gguf", 9, "l", ServerSettings(parallel=2, cache_ram_mib=0), folder

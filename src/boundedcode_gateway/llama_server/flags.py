@@ -98,15 +98,26 @@ def slots_of(settings: ServerSettings) -> int:
     return settings.parallel or DEFAULT_PARALLEL
 
 
+# llama-server's spellings of the one switch its automatic slot count also turns on
+_KV_UNIFIED_FLAGS = frozenset({"-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"})
+
+
 def isolation_argv(settings: ServerSettings, slot_dir: Path) -> list[str]:
     """What a server of a profile with ``cache_isolation`` runs with besides its keys: its
     slot count fixed (the gateway pins each call to a slot by number, and llama-server
     wraps a number past its last slot round to the first), no host-memory prompt cache
     (any slot's call may load from it what another slot held), and the folder without
-    which llama-server refuses to erase a slot (``--slot-save-path``)."""
+    which llama-server refuses to erase a slot (``--slot-save-path``).
+
+    A slot count left to llama-server is 4 slots sharing one KV buffer, each able to use
+    the whole context; the fixed count keeps that (``--kv-unified``) unless the
+    operator's own flags say otherwise. Slots of one buffer still hold separate
+    sequences: none reads another's."""
     argv: list[str] = []
     if settings.parallel is None:
         argv += ["--parallel", str(DEFAULT_PARALLEL)]
+        if not _KV_UNIFIED_FLAGS & {a.partition("=")[0] for a in settings.extra_args}:
+            argv.append("--kv-unified")
     if settings.cache_ram_mib is None:
         argv += ["--cache-ram", "0"]
     return [*argv, "--slot-save-path", str(slot_dir)]

@@ -132,10 +132,18 @@ class ServerPool:
         resp = await self.http.send("POST", url, self.headers_for(url), b"", resend_safe=True)
         raw = await read_body(resp)
         if resp.status != 200:
+            # the server's own words go to the log, not to the caller
+            log.warning(
+                "model %s: %s did not erase slot %d: HTTP %d %s",
+                self.name,
+                member.state.name,
+                index,
+                resp.status,
+                raw[:200].decode(errors="replace"),
+            )
             raise UpstreamUnavailable(
-                f"model '{self.name}': the server did not empty slot {index} for a call of "
-                f"another caller (HTTP {resp.status}: {raw[:200].decode(errors='replace')}); "
-                "the call was not sent"
+                f"model '{self.name}': the server did not empty slot {index}, which held "
+                f"another caller's prompt (HTTP {resp.status}); the call was not sent"
             )
 
     def headers_for(self, url: str) -> dict[str, str]:
