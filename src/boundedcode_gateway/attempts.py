@@ -99,6 +99,14 @@ class Attempts:
         p = self._prepared
         while True:
             self._log.count += 1
+            if p.server is not None:
+                # under cache isolation: in a slot of the call's own (after a failover, on
+                # the new server)
+                try:
+                    p.body = await p.server.pinned(p.body)
+                except GatewayError as exc:
+                    self.log(exc.http_status, exc.code)
+                    raise
             try:
                 resp = await self._http.send(
                     "POST", p.url, p.headers, p.body, resend_safe=p.resend_safe

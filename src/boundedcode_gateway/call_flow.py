@@ -205,7 +205,8 @@ class CallFlow:
         if self._keeper is not None:
             conversation = (ctx.task, ctx.purpose, upstream.name)
             self._previous = self._shared.continuity.previous(conversation)
-        server = self._server = upstream.server_lease(ctx.task, ctx.purpose)
+        caller = ctx.caller.name if ctx.caller is not None else None
+        server = self._server = upstream.server_lease(ctx.task, ctx.purpose, caller)
         return ChatCall(body, options, caps, schema, task_reasoning, ctx.call_id, server)
 
     # -- sending
@@ -373,6 +374,7 @@ class CallFlow:
                 had_reasoning,
                 reasoning_back,
                 now,
+                server.slot if server is not None else None,
             )
         )
 

@@ -42,6 +42,11 @@ Routing = Literal["affinity", "least_busy", "round_robin"]
 # what a local profile does with a media part that names a URL, which its server would
 # fetch (docs/security.md#media-from-urls): refuse it, or pass it on
 RemoteMedia = Literal["refuse", "pass"]
+
+# whose calls may reuse each other's prompt cache on a local profile's servers: anyone's
+# (none), only the same caller key's (key), only the same task's (task); docs/security.md
+CacheIsolation = Literal["none", "key", "task"]
+
 # the name the embedded default configuration goes by in messages
 EMBEDDED_DEFAULT = "<embedded default>"
 # the call log's file name inside the data directory
@@ -69,6 +74,16 @@ SERVER_OWN_FLAGS = (
     "--cors-origins",
     "--cors-credentials",
     "--no-cors-credentials",
+)
+# what the gateway sets on a server of a profile with ``cache_isolation`` (a fixed slot
+# count, no host-memory prompt cache shared by the slots, the folder slot erasing needs)
+ISOLATION_OWN_FLAGS = (
+    "-np",
+    "--parallel",
+    "-cram",
+    "--cache-ram",
+    "--cache-idle-slots",
+    "--slot-save-path",
 )
 
 
@@ -431,6 +446,8 @@ class ModelProfile(_Strict):
     # the ``anthropic-version`` an Anthropic profile's requests name (unset: the newest)
     anthropic_version: str | None = None
     price: PriceSettings | None = None
+    # whose calls may reuse each other's prompt cache (local profiles the gateway runs)
+    cache_isolation: CacheIsolation = "none"
 
     # The pool keys are checked one by one, each against the keys declared before it, so
     # a message points at the key's own line; keys of a profile that is not ``local`` are
@@ -570,6 +587,14 @@ class ModelProfile(_Strict):
             )
         if rules.local:
             self._check_local()
+            self._check_isolation()
+        elif self.cache_isolation != "none":
+            raise ValueError(
+                f"'cache_isolation' is only for provider {_quoted(kinds_that('local'))}: "
+                f"{self.provider!r} keeps its prompt cache per upstream account, which the "
+                "gateway cannot divide; give each group of callers a profile with an API key "
+                "of its own instead (docs/security.md)"
+            )
         elif set_keys := [k for k in _LOCAL_KEYS if getattr(self, k) is not None]:
             raise ValueError(
                 f"{_quoted(set_keys)} {'are' if len(set_keys) > 1 else 'is'} only for provider "
@@ -592,6 +617,32 @@ class ModelProfile(_Strict):
         if self.base_url:
             raise ValueError("'base_url' is not used by provider 'local'; use 'external_url'")
         _check_server_keys(self.external_url, self.model_path, self.server)
+
+    def _check_isolation(self) -> None:
+        """Isolation holds only where the gateway sets each server's flags itself."""
+        if self.cache_isolation == "none":
+            return
+        for server in self.pool_servers():
+            if server.external_url:
+                raise ValueError(
+                    "'cache_isolation' needs servers the gateway runs ('model_path'): it "
+                    "cannot tell whether a server it does not run shares a host-memory "
+                    "prompt cache between its slots"
+                )
+            settings = server.server or ServerSettings()
+            if settings.cache_ram_mib not in (None, 0):
+                raise ValueError(
+                    "with 'cache_isolation', 'server.cache_ram_mib' must be 0 or unset: the "
+                    "host-memory prompt cache is shared by every slot of a server"
+                )
+            own = sorted({a.partition("=")[0] for a in settings.extra_args})
+            taken = [a for a in own if a in ISOLATION_OWN_FLAGS]
+            if taken:
+                raise ValueError(
+                    f"{', '.join(taken)}: with 'cache_isolation' the gateway sets the slot "
+                    "count, the prompt cache and the slot folder itself (set the slot count "
+                    "with 'server.parallel')"
+                )
 
     def pool_servers(self) -> tuple[PoolServer, ...]:
         """The profile's servers in one form, whichever keys name them: one for
@@ -763,6 +814,18 @@ class GatewayConfig(_Strict):
             )
         return value
 
+    @model_validator(mode="after")
+    def _check_key_isolation(self) -> GatewayConfig:
+        if self.auth is None:
+            for name, profile in self.models.items():
+                if profile.cache_isolation == "key":
+                    raise ValueError(
+                        f"models.{name}.cache_isolation: 'key' tells callers apart by their "
+                        "keys, and without 'auth' every caller is the same one; configure "
+                        "'auth', or use 'task'"
+                    )
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _metering_switch(cls, data: Any) -> Any:
@@ -875,8 +938,17 @@ _MESSAGES = {
 }
 
 
+# a check of the whole file that is about one key names it first ("models.x.key: ...")
+_NAMED_KEY = re.compile(r"([A-Za-z_][\w-]*(?:\.[\w-]+)+): ")
+
+
 def _describe(err: Any, lines: dict[tuple[str, ...], int], source: str) -> str:
     loc = tuple(str(p) for p in err["loc"])
+    msg = _MESSAGES.get(err["type"]) or str(err["msg"]).removeprefix("Value error, ")
+    named = _NAMED_KEY.match(msg) if not loc else None
+    if named is not None:
+        loc = tuple(named.group(1).split("."))
+        msg = msg[named.end() :]
     name = ".".join(loc) if loc else "(top level)"
     line = None
     for n in range(len(loc), 0, -1):
@@ -884,7 +956,6 @@ def _describe(err: Any, lines: dict[tuple[str, ...], int], source: str) -> str:
             line = lines[loc[:n]]
             break
     where = f"{source}:{line}" if line else source
-    msg = _MESSAGES.get(err["type"]) or str(err["msg"]).removeprefix("Value error, ")
     return f"{where}: {name}: {msg}"
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -101,6 +102,7 @@ _SUCCESS_HEADERS = {
 _HEALTH_PATHS = frozenset({"/health", "/v1/health"})
 _CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 _CACHE_PATHS = frozenset({"/slots", "/apply-template", "/tokenize", "/completion"})
+_SLOT_ACTION = re.compile(r"/slots/[0-9]+")
 _TOOL_CHOICES = frozenset({"auto", "none", "required"})
 _REASONING_FORMATS = frozenset({"none", "auto", "deepseek", "deepseek-legacy"})
 # continue_final_message values (as JSON) → the part of the message continued
@@ -259,6 +261,9 @@ class FakeLlamaServer:
         self.completion_delay_ms = 0.0
         self.requests = Recorder()
         self.cache_requests = Recorder()
+        # `--slot-save-path` given: slots may be erased (POST /slots/{id}?action=erase)
+        self.slot_actions = True
+        self.erased: list[int] = []  # the slots erased, in order
         self.replies: deque[Reply] = deque()
         # answers a chat request when no reply is queued (a scripted model); None: the
         # default reply
@@ -402,6 +407,8 @@ class FakeLlamaServer:
             return self._tokenize
         if req.method == "POST" and req.path == "/completion":
             return self._completion
+        if req.method == "POST" and _SLOT_ACTION.fullmatch(req.path):
+            return self._slot_action
         return None
 
     def _authorized(self, req: HttpRequest) -> bool:
@@ -739,6 +746,30 @@ class FakeLlamaServer:
                     slot["generated"] = info["generated"]
             out.append(slot)
         await self._send(send, 200, out)
+
+    async def _slot_action(self, req: HttpRequest, send: Send) -> None:
+        """`POST /slots/{id}?action=erase`, as llama-server run with `--slot-save-path`
+        answers it: once the slot is not processing, its tokens are gone."""
+        index = int(req.path.rsplit("/", 1)[1])
+        if "action=erase" not in req.query.split("&"):
+            raise LlamaError(400, "Invalid action")
+        if not self.slot_actions:
+            raise LlamaError(
+                501,
+                "This server does not support slots action. Start it with `--slot-save-path`",
+                "not_supported_error",
+            )
+        self._resize_slots()
+        slot = index % self.total_slots
+        cond = self._condition()
+        async with cond:
+            while slot in self._busy:
+                await cond.wait()
+            erased = len(self.slot_tokens[slot])
+            self.slot_tokens[slot] = []
+            self.slot_info[slot] = {}
+        self.erased.append(slot)
+        await self._send(send, 200, {"id_slot": slot, "n_erased": erased})
 
     async def _apply_template(self, req: HttpRequest, send: Send) -> None:
         """`POST /apply-template`: the prompt a chat request renders to (its media loaded

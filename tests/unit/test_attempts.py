@@ -196,6 +196,9 @@ class _MovingLease:
     async def moved_url(self, url: str) -> str | None:
         return self.there + "/v1/chat/completions"
 
+    async def pinned(self, body: bytes) -> bytes:
+        return body  # a pool that does not isolate its cache
+
     def headers_for(self, url: str) -> dict[str, str]:
         assert url.startswith(self.there)
         return {"Authorization": "Bearer key-of-the-other-server"}

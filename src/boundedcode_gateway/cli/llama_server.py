@@ -30,7 +30,9 @@ def command_for(config: GatewayConfig, name: str, port: int) -> ServerCommand:
     model = resolve_model_path(profile.model_path, f"models.{name}.model_path")
     binary = find_llama_server(config.llama_server_bin)
     settings = resolve_server_files(profile.server or ServerSettings(), f"models.{name}.server")
-    return server_command(binary, str(model), port, name, settings)
+    isolated = profile.cache_isolation != "none"
+    slot_dir = config.data_path / "llama-server" / f"{name}.slots" if isolated else None
+    return server_command(binary, str(model), port, name, settings, slot_dir)
 
 
 def run_print(config: GatewayConfig, name: str) -> int:

@@ -12,7 +12,9 @@ will (``POST /apply-template``), compares the two (``AnswerEvidence``) and, unle
 turned off, evaluates that canonical rendering (``POST /completion`` with
 ``n_predict: 0``), so the next turn finds its prefix cached. The repair runs only
 while a slot is idle, and a call arriving for the server abandons it. Each repair
-is metered under the purpose ``cache_repair``.
+is metered under the purpose ``cache_repair``. Under ``cache_isolation`` the repair
+runs in the slot that served the answer, held as a call holds it, and only while that
+slot is free and still the conversation's group's: it writes no other group's slot.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import orjson
 from boundedcode_gateway.config import PriceSettings
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.json_values import count_or_none
+from boundedcode_gateway.llama_server.pool import SlotHold
 from boundedcode_gateway.metering.meter import CallContext, Meter
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy.cache_misses import (
@@ -71,6 +74,8 @@ class AnsweredCall:
     answer_had_reasoning: bool
     reasoning_back: bool  # whether the next request carries the answer's reasoning
     previous: PreviousCall  # where the evidence goes, for the conversation's next call
+    # under cache isolation, the slot that served it (the repair goes there or nowhere)
+    slot: SlotHold | None = None
 
 
 def next_request_messages(messages: list[Any], answer: dict[str, Any]) -> list[Any]:
@@ -217,6 +222,9 @@ class CacheKeeper:
         rendered, idle = found
         if not self._repair or not idle:
             return
+        hold = call.slot
+        if hold is not None and not hold.take():
+            return  # its slot is serving a call, or went to another group
         current = asyncio.current_task()
         assert current is not None
         self._repairing.add(current)
@@ -224,6 +232,8 @@ class CacheKeeper:
             await self._run_repair(call, rendered)
         finally:
             self._repairing.discard(current)
+            if hold is not None:
+                hold.release()
 
     async def _evidence(self, call: AnsweredCall) -> tuple[str, bool] | None:
         """Read the slot before anything else can use it, then compare; returns the next
@@ -277,7 +287,9 @@ class CacheKeeper:
         # the conversation the rendering holds: the request's messages and the answer
         record.messages = call.previous.answer_index + 1
         record.attempts = 1
-        body = {"prompt": rendered, "n_predict": 0, "cache_prompt": True}
+        body: dict[str, Any] = {"prompt": rendered, "n_predict": 0, "cache_prompt": True}
+        if call.slot is not None:
+            body["id_slot"] = call.slot.index
         try:
             answer = await self._post(call.root, "/completion", body)
         except asyncio.CancelledError:

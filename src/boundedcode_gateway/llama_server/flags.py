@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from boundedcode_gateway.config import ServerSettings
 from boundedcode_gateway.llama_server.environment import CLOSED_CORS_ENV
+from boundedcode_gateway.pools.server_state import DEFAULT_PARALLEL
 
 LOOPBACK = "127.0.0.1"
 
@@ -90,10 +92,47 @@ def settings_env(settings: ServerSettings) -> dict[str, str]:
     return {**SLOTS_DEBUG_ENV, **CLOSED_CORS_ENV, **env}
 
 
+def slots_of(settings: ServerSettings) -> int:
+    """The server's slot count: ``server.parallel``, else what the gateway takes
+    llama-server's own choice to be."""
+    return settings.parallel or DEFAULT_PARALLEL
+
+
+# llama-server's spellings of the one switch its automatic slot count also turns on
+_KV_UNIFIED_FLAGS = frozenset({"-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"})
+
+
+def isolation_argv(settings: ServerSettings, slot_dir: Path) -> list[str]:
+    """What a server of a profile with ``cache_isolation`` runs with besides its keys: its
+    slot count fixed (the gateway pins each call to a slot by number, and llama-server
+    wraps a number past its last slot round to the first), no host-memory prompt cache
+    (any slot's call may load from it what another slot held), and the folder without
+    which llama-server refuses to erase a slot (``--slot-save-path``).
+
+    A slot count left to llama-server is 4 slots sharing one KV buffer, each able to use
+    the whole context; the fixed count keeps that (``--kv-unified``) unless the
+    operator's own flags say otherwise. Slots of one buffer still hold separate
+    sequences: none reads another's."""
+    argv: list[str] = []
+    if settings.parallel is None:
+        argv += ["--parallel", str(DEFAULT_PARALLEL)]
+        if not _KV_UNIFIED_FLAGS & {a.partition("=")[0] for a in settings.extra_args}:
+            argv.append("--kv-unified")
+    if settings.cache_ram_mib is None:
+        argv += ["--cache-ram", "0"]
+    return [*argv, "--slot-save-path", str(slot_dir)]
+
+
 def server_command(
-    binary: str, model_path: str, port: int, alias: str, settings: ServerSettings
+    binary: str,
+    model_path: str,
+    port: int,
+    alias: str,
+    settings: ServerSettings,
+    slot_dir: Path | None = None,
 ) -> ServerCommand:
-    """The full command for one managed server on ``127.0.0.1:port``."""
+    """The full command for one managed server on ``127.0.0.1:port``; ``slot_dir``: the
+    profile isolates its prompt cache, and this is the server's slot folder."""
     argv = [
         binary,
         "--model",
@@ -107,6 +146,7 @@ def server_command(
         alias,
         "--no-webui",
         *settings_argv(settings),
+        *(isolation_argv(settings, slot_dir) if slot_dir is not None else ()),
     ]
     return ServerCommand(tuple(argv), settings_env(settings), settings.pass_env)
 

@@ -10,6 +10,11 @@ before the answer came (``failover``).
 
 A profile of one server is a pool of one: it is never probed in the background (its
 readiness has its own probe) and never left.
+
+Under ``cache_isolation`` each server has a ``SlotTable``: the lease also holds a slot
+of its call's group on the server it was given, the request is pinned to it
+(``id_slot``), and a slot that passes to another group is erased before the call is
+sent (docs/security.md, "Shared prompt caches").
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import orjson
 from boundedcode_gateway.config import Routing
 from boundedcode_gateway.errors import ConfigError, GatewayError, UpstreamUnavailable
 from boundedcode_gateway.llama_server.launcher import ManagedLlamaServer
+from boundedcode_gateway.llama_server.slots import SlotTable
 from boundedcode_gateway.pools.holdings import ConversationKey
 from boundedcode_gateway.pools.routing import NoHealthyServer, Pool, RouteReason
 from boundedcode_gateway.pools.server_state import ServerState
@@ -57,6 +63,8 @@ class PoolMember:
     extra_args: tuple[str, ...] = ()
     # the managed server's restarts when it was last probed: a new one empties its cache
     restarts_seen: int = 0
+    # whose prompts each slot holds, under ``cache_isolation`` (None: any call, any slot)
+    slots: SlotTable | None = None
 
     def root(self) -> str:
         """Where it listens now (a managed server moves to a new port when it restarts)."""
@@ -111,9 +119,32 @@ class ServerPool:
             self._prober = None
         await asyncio.gather(*(m.managed.stop() for m in self.members if m.managed is not None))
 
-    def lease(self, key: ConversationKey) -> ServerLease:
-        """The lease a call of conversation ``key`` holds (its server chosen on first use)."""
-        return ServerLease(self, key)
+    def lease(self, key: ConversationKey, group: str | None = None) -> ServerLease:
+        """The lease a call of conversation ``key`` holds (its server chosen on first use);
+        ``group``: whose prompt cache it may use, under ``cache_isolation``."""
+        return ServerLease(self, key, group)
+
+    async def erase_slot(self, member: PoolMember, index: int) -> None:
+        """Empty slot ``index`` of ``member``'s server (its tokens and checkpoints); the
+        server answers once the call that used it has ended."""
+        root = member.root()
+        url = f"{root}/slots/{index}?action=erase"
+        resp = await self.http.send("POST", url, self.headers_for(url), b"", resend_safe=True)
+        raw = await read_body(resp)
+        if resp.status != 200:
+            # the server's own words go to the log, not to the caller
+            log.warning(
+                "model %s: %s did not erase slot %d: HTTP %d %s",
+                self.name,
+                member.state.name,
+                index,
+                resp.status,
+                raw[:200].decode(errors="replace"),
+            )
+            raise UpstreamUnavailable(
+                f"model '{self.name}': the server did not empty slot {index}, which held "
+                f"another caller's prompt (HTTP {resp.status}); the call was not sent"
+            )
 
     def headers_for(self, url: str) -> dict[str, str]:
         """What a request to ``url`` carries to be let in: the key of the managed server
@@ -224,16 +255,64 @@ class ServerLease:
     call's first request is made, left once for another server if it dies before the
     answer came."""
 
-    __slots__ = ("_index", "_key", "_moved", "_pool", "_released", "reason")
+    __slots__ = ("_group", "_index", "_key", "_moved", "_pool", "_released", "_slot", "reason")
 
-    def __init__(self, pool: ServerPool, key: ConversationKey) -> None:
+    def __init__(self, pool: ServerPool, key: ConversationKey, group: str | None = None) -> None:
         self._pool = pool
         self._key = key
+        self._group = group
         self._index: int | None = None
+        # (server, slot) held under cache isolation
+        self._slot: tuple[int, int] | None = None
         self._moved = False
         self._released = False
         # why the call went where it did (None until chosen)
         self.reason: RouteReason | None = None
+
+    @property
+    def group(self) -> str | None:
+        """Whose prompt cache the call may use (None: anyone's, no isolation)."""
+        return self._group
+
+    @property
+    def slot(self) -> SlotHold | None:
+        """The slot the call ran in, under cache isolation (for the cache keeper's repair)."""
+        if self._slot is None or self._group is None:
+            return None
+        table = self._pool.members[self._slot[0]].slots
+        assert table is not None
+        return SlotHold(table, self._slot[1], self._group)
+
+    async def pinned(self, body: bytes) -> bytes:
+        """``body`` (an object, as the adapter wrote it) pinned to a slot of the call's
+        group on its server: a slot taken (waiting while all are in use) and erased first
+        if it held another group's prompts. Unchanged without cache isolation."""
+        index = self._index
+        if index is None or self._group is None:
+            return body
+        member = self._pool.members[index]
+        table = member.slots
+        if table is None:
+            return body
+        if self._slot is None or self._slot[0] != index:
+            self._release_slot()
+            grant = await table.acquire(self._group, self._key)
+            if grant.erase:
+                try:
+                    await self._pool.erase_slot(member, grant.index)
+                except BaseException:
+                    table.release(grant.index, erased=False)
+                    raise
+            self._slot = (index, grant.index)
+        return pin_body(body, self._slot[1])
+
+    def _release_slot(self) -> None:
+        if self._slot is not None:
+            member, slot = self._slot
+            table = self._pool.members[member].slots
+            assert table is not None
+            table.release(slot)
+            self._slot = None
 
     @property
     def server(self) -> str | None:
@@ -285,6 +364,8 @@ class ServerLease:
     def _take(self, index: int, reason: RouteReason) -> None:
         if self._index is not None:
             self._pool.members[self._index].state.call_ended()
+            if self._slot is not None and self._slot[0] != index:
+                self._release_slot()
         self._index = index
         self.reason = reason
         self._pool.members[index].state.call_started()
@@ -339,9 +420,45 @@ class ServerLease:
 
     def release(self) -> None:
         """The call ended: its slot on the server is free."""
+        self._release_slot()
         if self._index is not None and not self._released:
             self._released = True
             self._pool.members[self._index].state.call_ended()
+
+
+@dataclass(frozen=True, slots=True)
+class SlotHold:
+    """Slot ``index`` of a server, as its group's: what the cache keeper repairs in."""
+
+    table: SlotTable
+    index: int
+    group: str
+
+    def take(self) -> bool:
+        """Hold the slot, if it is free and still the group's."""
+        return self.table.take_own(self.index, self.group)
+
+    def release(self) -> None:
+        self.table.release(self.index)
+
+
+def _slot_prefix(index: int) -> bytes:
+    return b'{"id_slot":%d,' % index
+
+
+def pin_body(body: bytes, index: int) -> bytes:
+    """``body`` with ``id_slot`` first. The adapter wrote it without one (a caller's is
+    taken out under isolation); a body pinned before (a continuation of it, or a failover
+    to another server) has its own first, and it is replaced."""
+    prefix = _slot_prefix(index)
+    if body.startswith(prefix):
+        return body
+    if body.startswith(b'{"id_slot":'):
+        end = body.index(b",", len(b'{"id_slot":'))
+        return prefix + body[end + 1 :]
+    if not body.startswith(b"{") or body[1:2] == b"}":
+        raise ValueError("a request to pin to a slot is a JSON object with fields")
+    return prefix + body[1:]
 
 
 def _rounded(value: float | None) -> float | None:

@@ -189,9 +189,11 @@ class Upstream(Protocol):
         upstream (a llama.cpp server); None where the upstream cannot count them."""
         ...
 
-    def server_lease(self, task: str, purpose: str) -> ServerLease | None:
-        """The server a call of (task, purpose) goes to, held until the call ends (a local
-        profile's; None for a cloud API)."""
+    def server_lease(
+        self, task: str, purpose: str, caller: str | None = None
+    ) -> ServerLease | None:
+        """The server a call of (task, purpose) by ``caller`` (its key's name) goes to,
+        held until the call ends (a local profile's; None for a cloud API)."""
         ...
 
     async def readiness(self) -> str | None:

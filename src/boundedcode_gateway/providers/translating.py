@@ -64,7 +64,9 @@ class TranslatingUpstream:
     async def count_tokens(self, body: dict[str, Any]) -> int | None:
         return None  # counted only where the gateway can render the prompt (llama.cpp)
 
-    def server_lease(self, task: str, purpose: str) -> ServerLease | None:
+    def server_lease(
+        self, task: str, purpose: str, caller: str | None = None
+    ) -> ServerLease | None:
         return None  # one API endpoint: nothing to choose
 
     def continuation(

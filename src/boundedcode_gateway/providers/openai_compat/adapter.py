@@ -11,15 +11,26 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
 from boundedcode_gateway.config import GatewayConfig, ModelProfile, PoolServer, ServerSettings
-from boundedcode_gateway.errors import GatewayError, MalformedResponse, MissingApiKey
+from boundedcode_gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    MalformedResponse,
+    MissingApiKey,
+)
 from boundedcode_gateway.llama_server.cache_keeper import CacheServer
-from boundedcode_gateway.llama_server.flags import LOOPBACK, ServerCommand, server_command
+from boundedcode_gateway.llama_server.flags import (
+    LOOPBACK,
+    ServerCommand,
+    server_command,
+    slots_of,
+)
 from boundedcode_gateway.llama_server.launcher import ManagedLlamaServer
 from boundedcode_gateway.llama_server.locate import (
     find_llama_server,
@@ -27,6 +38,7 @@ from boundedcode_gateway.llama_server.locate import (
     resolve_server_files,
 )
 from boundedcode_gateway.llama_server.pool import PoolMember, ServerLease, ServerPool
+from boundedcode_gateway.llama_server.slots import SlotTable
 from boundedcode_gateway.policy.capabilities import check_media
 from boundedcode_gateway.policy.mid_system import ADJUSTMENT as FOLDED_ADJUSTMENT
 from boundedcode_gateway.policy.mid_system import fold_system_messages
@@ -34,7 +46,7 @@ from boundedcode_gateway.policy.reasoning import REASONING_KIND, StoredReasoning
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.policy.volatile_lines import ADJUSTMENT as VOLATILE_ADJUSTMENT
 from boundedcode_gateway.policy.volatile_lines import strip_system_messages
-from boundedcode_gateway.pools.server_state import DEFAULT_PARALLEL, ServerState
+from boundedcode_gateway.pools.server_state import ServerState
 from boundedcode_gateway.providers.base import (
     ChatCall,
     Continuation,
@@ -192,9 +204,21 @@ class OpenAICompatUpstream:
             return server.root(request_bytes) + "/v1/chat/completions"
         return self._profile.upstream_base_url + "/chat/completions"
 
-    def server_lease(self, task: str, purpose: str) -> ServerLease | None:
-        """A local call's server, chosen when its request is made."""
-        return self._pool.lease((task, purpose)) if self._pool is not None else None
+    def server_lease(
+        self, task: str, purpose: str, caller: str | None = None
+    ) -> ServerLease | None:
+        """A local call's server, chosen when its request is made; under cache isolation,
+        with the group whose slots it may use (its task, or its caller's key)."""
+        if self._pool is None:
+            return None
+        isolation = self._profile.cache_isolation
+        if isolation == "none":
+            group = None
+        elif isolation == "task":
+            group = f"task:{task}"
+        else:
+            group = f"key:{caller or ''}"
+        return self._pool.lease((task, purpose), group)
 
     async def start(self) -> None:
         """Start the managed llama-servers, if the profile has any; a pool is probed and
@@ -321,6 +345,8 @@ class OpenAICompatUpstream:
             send_schema=send_schema,
         )
         adjustments: dict[str, Any] = {}
+        if self._profile.cache_isolation != "none":
+            _keep_to_own_slot(out)
         if self._pool is not None:
             # a local server's cache: a line new on every request would stop the match there
             messages, removed = strip_system_messages(out["messages"])
@@ -524,12 +550,19 @@ def _server_pool(
         # a pool's servers are told apart by their place in it
         label = f"{name}[{i}]" if several else name
         where = f"models.{name}.servers[{i}]" if profile.servers is not None else f"models.{name}"
-        members.append(_member(label, where, server, config, http))
+        members.append(
+            _member(label, where, server, config, http, profile.cache_isolation != "none")
+        )
     return ServerPool(name, members, profile.routing_policy, http, headers)
 
 
 def _member(
-    label: str, where: str, server: PoolServer, config: GatewayConfig, http: HttpClient
+    label: str,
+    where: str,
+    server: PoolServer,
+    config: GatewayConfig,
+    http: HttpClient,
+    isolated: bool = False,
 ) -> PoolMember:
     settings = server.server or ServerSettings()
     if server.external_url:
@@ -540,15 +573,28 @@ def _member(
     model = str(resolve_model_path(server.model_path, f"{where}.model_path"))
     settings = resolve_server_files(settings, f"{where}.server")
 
-    def command_for_port(port: int) -> ServerCommand:
-        return server_command(binary, model, port, label, settings)
+    folder = config.data_path / "llama-server"
+    slot_dir = folder / f"{label}.slots" if isolated else None
 
-    log_path = config.data_path / "llama-server" / f"{label}.log"
+    def command_for_port(port: int) -> ServerCommand:
+        if slot_dir is not None:
+            private_folder(slot_dir)
+        return server_command(binary, model, port, label, settings, slot_dir)
+
+    log_path = folder / f"{label}.log"
     managed = ManagedLlamaServer(
         label, command_for_port, log_path, settings.startup_timeout_s, http
     )
-    state = ServerState(label, settings.parallel or DEFAULT_PARALLEL)
-    return PoolMember(state, None, managed, settings.cache_repair, settings.extra_args)
+    state = ServerState(label, slots_of(settings))
+    slots = SlotTable(slots_of(settings)) if isolated else None
+    return PoolMember(state, None, managed, settings.cache_repair, settings.extra_args, slots=slots)
+
+
+def private_folder(path: Path) -> None:
+    """A folder only the gateway's user can enter (what the server may save of a slot's
+    prompt lands there; the gateway itself saves nothing)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
 
 
 def _single_managed(pool: ServerPool | None) -> ManagedLlamaServer | None:
@@ -580,6 +626,28 @@ def slots_summary(slots: list[Any]) -> dict[str, Any]:
         if isinstance(slot, dict)
     ]
     return {"total": len(shown), "busy": sum(s["busy"] for s in shown), "slots": shown}
+
+
+# the fields that would run a call in a slot the gateway did not give it: a slot named by
+# the caller, and further choices (``n``, ``n_cmpl``), which llama-server runs in other
+# free slots
+_OWN_SLOT_FIELDS = ("id_slot",)
+_CHOICE_FIELDS = ("n", "n_cmpl")
+
+
+def _keep_to_own_slot(out: dict[str, Any]) -> None:
+    """Under cache isolation a call runs in its group's slot alone: a caller's ``id_slot``
+    is taken out (the gateway pins the call), and more than one choice is refused."""
+    for key in _OWN_SLOT_FIELDS:
+        out.pop(key, None)
+    for key in _CHOICE_FIELDS:
+        value = out.get(key)
+        if value is not None and value != 1:
+            raise InvalidRequest(
+                f"'{key}' must be 1 on this model: its prompt cache is kept per "
+                "caller, and further choices would run in other callers' slots",
+                param=key,
+            )
 
 
 def _needs_budget_message(body: dict[str, Any]) -> bool:
