@@ -69,8 +69,8 @@ def assert_anonymous(where: str, headers: httpx.Headers | dict[str, str]) -> Non
             assert word not in f"{name}: {value}".lower(), f"{where} names {word}: {name}"
 
 
-def raw_headers(port: int, request: bytes) -> dict[str, str]:
-    """The headers of the answer to ``request`` sent as is, read until the server closes."""
+def raw_answer(port: int, request: bytes) -> bytes:
+    """The answer to ``request`` sent as is, read until the server closes."""
     sock = connect(port)
     sock.sendall(request)
     data = b""
@@ -81,6 +81,12 @@ def raw_headers(port: int, request: bytes) -> dict[str, str]:
     except (TimeoutError, ConnectionResetError):
         pass
     sock.close()
+    return data
+
+
+def raw_headers(port: int, request: bytes) -> dict[str, str]:
+    """The headers of the answer to ``request`` sent as is."""
+    data = raw_answer(port, request)
     head = data.partition(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")
     assert head[0].startswith("HTTP/1.1 "), data[:200]
     return dict(line.split(": ", 1) for line in head[1:])
@@ -151,20 +157,6 @@ def test_a_caller_that_leaves_mid_upload_is_one_quiet_line(serving: Serving) -> 
     assert all("32 of 10000 bytes" in line for line in left), left
 
 
-def _raw_answer(port: int, request: bytes) -> bytes:
-    sock = connect(port)
-    sock.sendall(request)
-    data = b""
-    sock.settimeout(5)
-    try:
-        while chunk := sock.recv(65536):
-            data += chunk
-    except (TimeoutError, ConnectionResetError):
-        pass
-    sock.close()
-    return data
-
-
 @pytest.mark.parametrize("upgrade", [b"websocket", b"h2c"])
 def test_an_upgrade_request_is_served_as_plain_http(serving: Serving, upgrade: bytes) -> None:
     """The gateway speaks no WebSocket and no HTTP/2: a request asking to switch is answered
@@ -174,7 +166,7 @@ def test_an_upgrade_request_is_served_as_plain_http(serving: Serving, upgrade: b
         b"Upgrade: " + upgrade + b"\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
         b"Sec-WebSocket-Version: 13\r\nHTTP2-Settings: AAMAAABkAARAAAAA\r\n\r\n"
     )
-    data = _raw_answer(serving.port, request)
+    data = raw_answer(serving.port, request)
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 "), data[:300]
     assert b"application/json" in head.lower()
