@@ -374,7 +374,8 @@ def received_text(front: str, raw: bytes) -> str:
     return "".join(parts)
 
 
-FRONT_CALLS = {
+# each front: its path, its body (less the model and stream), its headers
+FRONT_CALLS: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {
     "chat": ("/v1/chat/completions", {"messages": HELLO}, {}),
     "messages": (
         "/v1/messages",
