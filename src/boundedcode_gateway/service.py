@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from boundedcode_gateway.budgets.book import BudgetBook
+from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.call_flow import (
     CallDeadline,
     CallFlow,
@@ -30,7 +31,7 @@ from boundedcode_gateway.call_flow import (
 from boundedcode_gateway.errors import GatewayError, ModelNotFound, internal_error
 from boundedcode_gateway.live_config import LiveConfig, Route
 from boundedcode_gateway.llama_server.cache_keeper import CacheKeeper
-from boundedcode_gateway.metering.meter import CallContext, Meter
+from boundedcode_gateway.metering.meter import Meter
 from boundedcode_gateway.metering.request_facts import RequestFacts
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy.cache_misses import ContinuityTable

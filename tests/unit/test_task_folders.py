@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from boundedcode_gateway.ingress.validate import TASK_ID
+from boundedcode_gateway.call_context import TASK_ID
 from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store import folders
 from boundedcode_gateway.reasoning_store.folders import (
