@@ -7,9 +7,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from boundedcode_gateway.call_context import CallContext
-from boundedcode_gateway.config import PriceSettings
 from boundedcode_gateway.errors import GatewayError
-from boundedcode_gateway.metering.cost import call_cost
+from boundedcode_gateway.metering.cost import Price, call_cost
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.text import clip
@@ -45,7 +44,7 @@ class Meter:
         ctx: CallContext,
         model: str,
         messages: int = 0,
-        price: PriceSettings | None = None,
+        price: Price | None = None,
         on_submit: Callable[[], None] | None = None,
     ) -> None:
         self._writer = writer
