@@ -59,9 +59,12 @@ run: $(VENV)/.local
 ## test: install the test extras, then lint, type-check and run the whole suite with its coverage floor
 test: $(VENV)/.test lint typecheck pytest
 
+# the layers of pyproject.toml's [tool.importlinter]: an import that climbs fails, naming
+# both modules; src first on the path, so the tree checked is this one, installed or not
 lint: $(VENV)/.test
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
+	PYTHONPATH=src $(BIN)/lint-imports
 
 typecheck: $(VENV)/.test
 	$(BIN)/mypy

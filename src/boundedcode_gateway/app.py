@@ -32,9 +32,9 @@ from boundedcode_gateway.live_config import (
     restart_only_changes,
     route_changes,
 )
+from boundedcode_gateway.locations import describe, explain
 from boundedcode_gateway.metering.calllog import read_tail
 from boundedcode_gateway.metering.ledgers import prepare_ledger
-from boundedcode_gateway.metering.location import describe, explain
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.operations.failure_log import FailureLog
 from boundedcode_gateway.operations.metrics import GatewayMetrics

@@ -46,11 +46,12 @@ from boundedcode_gateway.policy.reasoning import REASONING_FIELD
 from boundedcode_gateway.policy.structured import requested_schema
 from boundedcode_gateway.providers.base import ChatCall, RequestOptions, Upstream
 from boundedcode_gateway.reasoning_store.backend import CallReasoning, ReasoningBackend
-from boundedcode_gateway.reasoning_store.keys import keys_for, text_of
+from boundedcode_gateway.reasoning_store.keys import keys_for
 from boundedcode_gateway.relay import CallWatcher, StreamRelay
 from boundedcode_gateway.text import clip
 from boundedcode_gateway.upstream.http import HttpClient, read_body
 from boundedcode_gateway.upstream.metrics import DEFAULT_CAPTURED_BYTES, CallMetrics
+from boundedcode_gateway.wire.chat import text_of
 
 log = logging.getLogger(__name__)
 

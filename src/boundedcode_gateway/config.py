@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from boundedcode_gateway.errors import ConfigError, InvalidApiKeyConfig
-from boundedcode_gateway.metering.location import (
+from boundedcode_gateway.locations import (
     LedgerLocation,
     PostgresLocation,
     parse_ledger_url,

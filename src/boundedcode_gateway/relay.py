@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import orjson
 
 from boundedcode_gateway.attempts import Attempts
+from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.discard import discard_chunk
 from boundedcode_gateway.errors import (
     GatewayError,
@@ -32,7 +33,6 @@ from boundedcode_gateway.errors import (
     redact_error,
     secret_forms,
 )
-from boundedcode_gateway.metering.meter import CallContext
 from boundedcode_gateway.providers.base import (
     Continuation,
     PartialAnswer,

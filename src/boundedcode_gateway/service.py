@@ -17,9 +17,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from boundedcode_gateway.budgets.book import BudgetBook
+from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.call_flow import (
     CallDeadline,
     CallFlow,
@@ -30,20 +31,30 @@ from boundedcode_gateway.call_flow import (
 from boundedcode_gateway.errors import GatewayError, ModelNotFound, internal_error
 from boundedcode_gateway.live_config import LiveConfig, Route
 from boundedcode_gateway.llama_server.cache_keeper import CacheKeeper
-from boundedcode_gateway.metering.meter import CallContext, Meter
+from boundedcode_gateway.metering.meter import Meter
+from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.metering.request_facts import RequestFacts
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy.cache_misses import ContinuityTable
 from boundedcode_gateway.policy.history_diff import History, HistoryTracker
 from boundedcode_gateway.providers.base import Upstream
 from boundedcode_gateway.reasoning_store.backend import ReasoningBackend
+from boundedcode_gateway.relay import CallWatcher
 from boundedcode_gateway.text import clip
-from boundedcode_gateway.ui.events import CallEvents
 from boundedcode_gateway.upstream.http import HttpClient
 
 __all__ = ["GatewayService", "JsonAnswer", "StreamAnswer"]
 
 log = logging.getLogger(__name__)
+
+
+class CallsWatcher(CallWatcher, Protocol):
+    """Who is told of every call: its start, how its stream goes (``CallWatcher``) and its
+    record (the page of calls, ``ui/events.py``, which sits above the service)."""
+
+    def started(self, call_id: str, task: str, purpose: str, model: str, stream: bool) -> None: ...
+
+    def finished(self, record: CallRecord) -> None: ...
 
 
 class GatewayService:
@@ -58,7 +69,7 @@ class GatewayService:
         continuity: ContinuityTable | None = None,
         budgets: BudgetBook | None = None,
         history: History | None = None,
-        events: CallEvents | None = None,
+        events: CallsWatcher | None = None,
     ) -> None:
         self.live = live
         self._http = http

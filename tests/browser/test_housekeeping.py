@@ -6,7 +6,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from boundedcode_gateway.metering.meter import CallContext, Meter
+from boundedcode_gateway.call_context import CallContext
+from boundedcode_gateway.metering.meter import Meter
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 from tests.browser.conftest import OpenPage
 from tests.browser.scenes import converse

@@ -24,9 +24,9 @@ from boundedcode_gateway.cli.budgets import run_budgets
 from boundedcode_gateway.cli.calls import run_calls
 from boundedcode_gateway.config import parse_config
 from boundedcode_gateway.json_values import MAX_COUNT
+from boundedcode_gateway.locations import PostgresLocation
 from boundedcode_gateway.metering.calllog import append_lines
 from boundedcode_gateway.metering.ledger import Ledger, load_migrations
-from boundedcode_gateway.metering.location import PostgresLocation
 from boundedcode_gateway.metering.pg_ledger import (
     MIGRATION_LOCK_KEY,
     PostgresLedger,

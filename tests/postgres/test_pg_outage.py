@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from boundedcode_gateway.app import GatewayApp
 from boundedcode_gateway.config import parse_config
-from boundedcode_gateway.metering.location import PostgresLocation
+from boundedcode_gateway.locations import PostgresLocation
 from boundedcode_gateway.metering.pg_ledger import load_pg_migrations
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.operations.metrics import PREFIX, GatewayMetrics

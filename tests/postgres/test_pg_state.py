@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from boundedcode_gateway.access.caller import TASK_SCOPE
-from boundedcode_gateway.metering.location import PostgresLocation
+from boundedcode_gateway.call_context import TASK_SCOPE
+from boundedcode_gateway.locations import PostgresLocation
 from boundedcode_gateway.metering.pg_ledger import apply_migrations, load_pg_migrations, migrate
 from boundedcode_gateway.policy.history_diff import GREW_ONLY, HistoryTracker, unpack_digests
 from boundedcode_gateway.providers.registry import REASONING_FILES

@@ -9,10 +9,10 @@ from boundedcode_gateway.access.authenticate import (
     check_model,
     metered_task,
 )
-from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.access.keys import key_digest
 from boundedcode_gateway.access.token_secret import TokenSecrets, token_secrets
 from boundedcode_gateway.access.tokens import mint_task_token
+from boundedcode_gateway.call_context import Caller
 from boundedcode_gateway.config import AuthSettings, KeySettings
 from boundedcode_gateway.errors import ConfigError, Forbidden, Unauthenticated
 

@@ -14,15 +14,14 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.budgets.book import BudgetBook, budgets_configured
 from boundedcode_gateway.budgets.limits import NO_RETRY_HEADER, next_midnight
 from boundedcode_gateway.budgets.spent import HolderSpent, Spent
 from boundedcode_gateway.budgets.store import LedgerSpendStore
+from boundedcode_gateway.call_context import CallContext, Caller
 from boundedcode_gateway.config import BudgetSettings, parse_config
 from boundedcode_gateway.errors import BudgetExceeded
 from boundedcode_gateway.metering.ledger import Ledger
-from boundedcode_gateway.metering.meter import CallContext
 from boundedcode_gateway.metering.records import CallRecord
 from tests.unit.scripted_http import RecordingWriter
 

@@ -9,10 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.config import PriceSettings
 from boundedcode_gateway.errors import UpstreamTimeout
 from boundedcode_gateway.metering.cost import call_cost
-from boundedcode_gateway.metering.meter import CallContext, Meter
+from boundedcode_gateway.metering.meter import Meter
 from tests.unit.scripted_http import RecordingWriter
 
 GPT = PriceSettings(input_per_mtok=1.25, cached_input_per_mtok=0.125, output_per_mtok=10.0)

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.errors import CallerLeft, GatewayError, InvalidRequest, StreamBroken
-from boundedcode_gateway.metering.meter import CallContext, Meter
+from boundedcode_gateway.metering.meter import Meter
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.metering.request_facts import RequestFacts
 from boundedcode_gateway.operations.failure_log import (

@@ -15,7 +15,7 @@ from cryptography.fernet import Fernet
 from hypothesis import given
 from hypothesis import strategies as st
 
-from boundedcode_gateway.access.caller import TASK_SCOPE, TOKENS_SCOPE
+from boundedcode_gateway.call_context import TASK_SCOPE, TOKENS_SCOPE
 from boundedcode_gateway.fronts.sealing import (
     CLOCK_SKEW_S,
     KEY_FILE,

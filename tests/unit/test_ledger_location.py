@@ -9,7 +9,7 @@ import pytest
 
 from boundedcode_gateway.config import parse_config
 from boundedcode_gateway.errors import ConfigError
-from boundedcode_gateway.metering.location import (
+from boundedcode_gateway.locations import (
     PostgresLocation,
     describe,
     explain,

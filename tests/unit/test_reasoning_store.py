@@ -11,7 +11,7 @@ from pathlib import Path
 
 import orjson
 
-from boundedcode_gateway.access.caller import TASK_SCOPE
+from boundedcode_gateway.call_context import TASK_SCOPE
 from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 

@@ -11,8 +11,9 @@ import orjson
 import pytest
 
 from boundedcode_gateway.attempts import AttemptLog, Attempts
+from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.errors import GatewayError, StreamBroken, UpstreamTimeout
-from boundedcode_gateway.metering.meter import CLIENT_CLOSED, CallContext, Meter
+from boundedcode_gateway.metering.meter import CLIENT_CLOSED, Meter
 from boundedcode_gateway.providers.base import PreparedRequest, RequestOptions
 from boundedcode_gateway.relay import StreamRelay
 from boundedcode_gateway.upstream.http import HttpClient, Timeouts

@@ -12,10 +12,11 @@ from typing import Any
 import orjson
 import pytest
 
+from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.config import parse_config
 from boundedcode_gateway.errors import GatewayError, InternalError, ModelNotFound, StreamBroken
 from boundedcode_gateway.live_config import LiveConfig, Route
-from boundedcode_gateway.metering.meter import CLIENT_CLOSED, CallContext
+from boundedcode_gateway.metering.meter import CLIENT_CLOSED
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.policy import structured
 from boundedcode_gateway.providers.registry import REASONING_FILES

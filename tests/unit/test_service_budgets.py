@@ -12,12 +12,11 @@ from typing import Any
 
 import pytest
 
-from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.budgets.book import BudgetBook
+from boundedcode_gateway.call_context import CallContext, Caller
 from boundedcode_gateway.config import BudgetSettings, PriceSettings, parse_config
 from boundedcode_gateway.errors import BudgetExceeded, ModelNotFound
 from boundedcode_gateway.live_config import LiveConfig, Route
-from boundedcode_gateway.metering.meter import CallContext
 from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.service import GatewayService

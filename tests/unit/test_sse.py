@@ -188,3 +188,18 @@ def test_any_split_reaches_the_limit_alike(data: st.DataObject) -> None:
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     assert _outcome(chunks, limit) == _outcome([stream], limit)
+
+
+def test_pending_says_whether_an_event_is_cut_short() -> None:
+    decoder = SSEDecoder()
+    assert not decoder.pending
+    decoder.feed(b"data: {")
+    assert decoder.pending
+    decoder.feed(b"}\n")
+    assert decoder.pending
+    assert decoder.feed(b"\n") == [SSEEvent("", b"{}")]
+    assert not decoder.pending
+    decoder.feed(b": ping\n")
+    assert decoder.pending
+    decoder.feed(b"\n")
+    assert not decoder.pending

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from boundedcode_gateway.ingress.validate import TASK_ID
+from boundedcode_gateway.call_context import TASK_ID
 from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store import folders
 from boundedcode_gateway.reasoning_store.folders import (
@@ -145,6 +145,8 @@ def test_retention_names_the_tasks_it_removes(tmp_path: Path) -> None:
     assert sorted(remove_idle_folders(tmp_path, float("inf"))) == ["MyTask", "mytask"]
 
 
-def test_the_folders_know_the_ids_ingress_lets_in() -> None:
-    # reasoning_store does not import ingress; the two patterns must not drift apart
-    assert folders._TASK_ID.pattern == TASK_ID.pattern
+@given(task_ids)
+def test_the_folders_know_the_ids_ingress_lets_in(task: str) -> None:
+    # one pattern (call_context.py) for the ids ingress lets in and the folders it made:
+    # any such id with an upper-case letter may be a folder of the earlier naming
+    assert folders._of_earlier_naming(task) == (task != task.lower())

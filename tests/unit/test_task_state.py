@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from boundedcode_gateway.config import parse_config
 from boundedcode_gateway.errors import ConfigError
 from boundedcode_gateway.live_config import restart_only_changes
-from boundedcode_gateway.metering.location import PostgresLocation
+from boundedcode_gateway.locations import PostgresLocation
 from boundedcode_gateway.policy.history_diff import (
     HistoryTracker,
     message_digest,

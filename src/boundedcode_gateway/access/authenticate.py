@@ -12,10 +12,10 @@ import binascii
 import time
 from collections.abc import Callable
 
-from boundedcode_gateway.access.caller import Caller
 from boundedcode_gateway.access.keys import KeyRing
 from boundedcode_gateway.access.token_secret import TokenSecrets
 from boundedcode_gateway.access.tokens import is_token, verify_task_token
+from boundedcode_gateway.call_context import Caller
 from boundedcode_gateway.config import AuthSettings
 from boundedcode_gateway.errors import Forbidden, Unauthenticated
 

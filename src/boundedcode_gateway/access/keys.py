@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from boundedcode_gateway.access.caller import Caller
+from boundedcode_gateway.call_context import Caller
 from boundedcode_gateway.config import KeySettings
 
 KEY_PREFIX = "bcg_"

@@ -25,11 +25,10 @@ from typing import Any
 
 import orjson
 
-from boundedcode_gateway.access.caller import Caller
+from boundedcode_gateway.call_context import TASK_ID, Caller
 from boundedcode_gateway.clock import utc_iso
 from boundedcode_gateway.config import DEFAULT_MAX_TOKEN_TTL_S, BudgetSettings
 from boundedcode_gateway.errors import Unauthenticated
-from boundedcode_gateway.ingress.validate import TASK_ID
 
 TOKEN_PREFIX = "bct1."
 # a shorter secret would be the weak part of a SHA-256 HMAC

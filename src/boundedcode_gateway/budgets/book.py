@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 
 from boundedcode_gateway.budgets.limits import Overrun, overruns, refusal
 from boundedcode_gateway.budgets.spent import Holder, HolderSpent, Spent, day_of, spent_by
+from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.config import BudgetPeriod, BudgetSettings, GatewayConfig
-from boundedcode_gateway.metering.meter import CallContext
 from boundedcode_gateway.metering.records import CallRecord
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ from datetime import date, timedelta
 from typing import Protocol
 
 from boundedcode_gateway.budgets.spent import Holder, HolderSpent, Spent
+from boundedcode_gateway.locations import LedgerLocation
 from boundedcode_gateway.metering.ledgers import ledger_at
-from boundedcode_gateway.metering.location import LedgerLocation
 
 
 class SpendStore(Protocol):

@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 from boundedcode_gateway.budgets.spent import Holder, HolderSpent, Spent
 from boundedcode_gateway.budgets.store import LedgerSpendStore
 from boundedcode_gateway.config import BudgetSettings, GatewayConfig
+from boundedcode_gateway.locations import describe, explain
 from boundedcode_gateway.metering.ledgers import LEDGER_ERRORS, ledger_exists
-from boundedcode_gateway.metering.location import describe, explain
 
 HEADER = ("holder", "name", "per", "limit", "spent", "allowed", "left")
 NO_BUDGETS = "(no budgets configured)"

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from boundedcode_gateway.locations import LedgerLocation, describe, explain
 from boundedcode_gateway.metering.calllog import read_calls
 from boundedcode_gateway.metering.ledgers import LEDGER_ERRORS, ledger_at, ledger_exists
-from boundedcode_gateway.metering.location import LedgerLocation, describe, explain
 from boundedcode_gateway.text import printable
 
 # (record field, header, right-aligned)

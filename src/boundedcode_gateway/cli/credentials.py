@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from boundedcode_gateway.access.caller import ANY_MODEL
 from boundedcode_gateway.access.keys import key_digest, key_entry_yaml, new_key
 from boundedcode_gateway.access.token_secret import token_secrets
 from boundedcode_gateway.access.tokens import TokenError, mint_task_token, parse_duration
+from boundedcode_gateway.call_context import ANY_MODEL
 from boundedcode_gateway.clock import utc_iso
 from boundedcode_gateway.config import GatewayConfig, KeySettings
 from boundedcode_gateway.errors import ConfigError

@@ -7,7 +7,7 @@ gateway signs the first (HMAC-SHA256) and encrypts the second (Fernet: AES-128-C
 with an HMAC).
 
 Each is bound to where it was handed out: its format's version, the id of the key that
-made it, the task and the caller scope of the call (``access/caller.py``; the profile is
+made it, the task and the caller scope of the call (``call_context.py``; the profile is
 in what is signed or sealed), and the time it was made. It is taken back only in a call
 of the same task and scope, within ``reasoning.seal_max_age_days`` of that time, under a
 key the ring still holds; anything else is treated as the gateway's own refusal of an
@@ -39,7 +39,7 @@ from pathlib import Path
 from cryptography.fernet import Fernet, InvalidToken
 
 from boundedcode_gateway import private_files
-from boundedcode_gateway.access.caller import TASK_SCOPE
+from boundedcode_gateway.call_context import TASK_SCOPE
 from boundedcode_gateway.errors import ConfigError
 
 KEY_FILE = "front-seal.key"

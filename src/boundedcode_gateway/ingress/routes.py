@@ -18,8 +18,8 @@ import orjson
 
 from boundedcode_gateway import discard
 from boundedcode_gateway.access.authenticate import check_model, metered_task
-from boundedcode_gateway.access.caller import Caller, reasoning_scope
 from boundedcode_gateway.access.sites import check_json_body
+from boundedcode_gateway.call_context import CallContext, Caller, reasoning_scope
 from boundedcode_gateway.config import LimitsSettings, ReasoningSharing
 from boundedcode_gateway.errors import (
     BodiesOverBudget,
@@ -63,7 +63,6 @@ from boundedcode_gateway.ingress.validate import (
     check_purpose,
     check_task,
 )
-from boundedcode_gateway.metering.meter import CallContext
 from boundedcode_gateway.metering.records import TOKEN_COUNT_PURPOSE
 from boundedcode_gateway.metering.request_facts import RequestFacts
 from boundedcode_gateway.operations.failure_log import FailureLog

@@ -11,12 +11,12 @@ from typing import Any
 
 from boundedcode_gateway import discard
 from boundedcode_gateway import openai_refusals as refuse
+from boundedcode_gateway.call_context import TASK_ID
 from boundedcode_gateway.errors import InvalidRequest
 from boundedcode_gateway.json_values import is_int, is_number
 from boundedcode_gateway.metering.records import TOKEN_COUNT_PURPOSE
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 
-TASK_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 PURPOSE = re.compile(r"[a-z_]{1,32}")
 DEFAULT_TASK = "default"
 DEFAULT_PURPOSE = "agent_turn"

@@ -27,11 +27,12 @@ from typing import Any
 
 import orjson
 
+from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.config import PriceSettings
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.json_values import count_or_none
 from boundedcode_gateway.llama_server.pool import SlotHold
-from boundedcode_gateway.metering.meter import CallContext, Meter
+from boundedcode_gateway.metering.meter import Meter
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy.cache_misses import (
     MISS_TOLERANCE_TOKENS,

@@ -1,11 +1,13 @@
 """What a call cost: a profile's ``price:`` applied to the call's tokens and server time.
 
-A pure function; the meter applies it once, when the call's record is finalised.
+A pure function; the meter applies it once, when the call's record is finalised. The
+price is handed in as a value (``config.PriceSettings`` is one): metering does not read
+the configuration.
 """
 
 from __future__ import annotations
 
-from boundedcode_gateway.config import PriceSettings
+from typing import Protocol
 
 PER_MTOK = 1_000_000
 MS_PER_S = 1000.0
@@ -13,8 +15,24 @@ MS_PER_S = 1000.0
 DIGITS = 9
 
 
+class Price(Protocol):
+    """A profile's prices in USD: per million tokens, and per second of a local server's work."""
+
+    @property
+    def input_per_mtok(self) -> float: ...
+
+    @property
+    def cached_input_per_mtok(self) -> float | None: ...
+
+    @property
+    def output_per_mtok(self) -> float: ...
+
+    @property
+    def gpu_second(self) -> float | None: ...
+
+
 def call_cost(
-    price: PriceSettings | None,
+    price: Price | None,
     *,
     prompt_tokens: int | None,
     cached_tokens: int | None,

@@ -11,10 +11,10 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
+from boundedcode_gateway.locations import LedgerLocation, PostgresLocation
 from boundedcode_gateway.metering import pg_ledger
 from boundedcode_gateway.metering.ledger import HolderTotals, Ledger
 from boundedcode_gateway.metering.ledger_queries import CallFilter
-from boundedcode_gateway.metering.location import LedgerLocation, PostgresLocation
 from boundedcode_gateway.metering.pg_ledger import PostgresLedger
 from boundedcode_gateway.metering.records import CallRecord, Rejected
 

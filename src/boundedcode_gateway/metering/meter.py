@@ -1,20 +1,14 @@
-"""One call's context and its meter: the record filled as the call goes, submitted once."""
+"""One call's meter: the record filled as the call goes, submitted once."""
 
 from __future__ import annotations
 
 import asyncio
-import random
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any
 
-from boundedcode_gateway.access.caller import TASK_SCOPE, Caller
-from boundedcode_gateway.clock import utc_now_iso
-from boundedcode_gateway.config import PriceSettings
+from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.errors import GatewayError
-from boundedcode_gateway.metering.cost import call_cost
+from boundedcode_gateway.metering.cost import Price, call_cost
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.text import clip
@@ -23,56 +17,6 @@ from boundedcode_gateway.upstream.metrics import CallMetrics
 CLIENT_CLOSED = 499  # nginx's convention for "the caller went away"
 # what a record keeps of an error's message
 MAX_ERROR_MESSAGE_CHARS = 500
-
-
-@dataclass(slots=True)
-class CallContext:
-    """Who asked and when: set by ingress before the body is read."""
-
-    task: str
-    purpose: str
-    call_id: str
-    started: float
-    started_at: str
-    # the caller sent X-BoundedCode-Stream-Discard: it understands the discard event
-    discard_header: bool = False
-    # who called, when the gateway has ``auth:`` (None otherwise)
-    caller: Caller | None = None
-    # the API the caller spoke (fronts/): "chat", "messages", "responses"
-    front: str = "chat"
-    # what the front changed of the request on its own account, for the record's
-    # ``adjustments`` (a server tool left out, a newer API version served as a known one)
-    adjustments: dict[str, Any] = field(default_factory=dict)
-    # who on the task shares the call's stored reasoning and seals (access/caller.py)
-    scope: str = TASK_SCOPE
-
-    @classmethod
-    def new(
-        cls,
-        task: str,
-        purpose: str,
-        discard_header: bool = False,
-        caller: Caller | None = None,
-        front: str = "chat",
-        scope: str = TASK_SCOPE,
-    ) -> CallContext:
-        # 128 random bits as 32 hex digits, the form uuid4().hex had: ids need to be
-        # unique, not secret, so no system call per id as uuid4 and os.urandom make
-        call_id = f"call_{random.getrandbits(128):032x}"
-        return cls(
-            task,
-            purpose,
-            call_id,
-            time.perf_counter(),
-            utc_now_iso(),
-            discard_header,
-            caller,
-            front,
-            scope=scope,
-        )
-
-    def elapsed_ms(self) -> float:
-        return round((time.perf_counter() - self.started) * 1000.0, 3)
 
 
 def derived_ttft(elapsed_ms: float, m: CallMetrics) -> float | None:
@@ -100,7 +44,7 @@ class Meter:
         ctx: CallContext,
         model: str,
         messages: int = 0,
-        price: PriceSettings | None = None,
+        price: Price | None = None,
         on_submit: Callable[[], None] | None = None,
     ) -> None:
         self._writer = writer

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeVar
 import asyncpg
 
 from boundedcode_gateway.clock import utc_now_iso
+from boundedcode_gateway.locations import PostgresLocation
 from boundedcode_gateway.metering.ledger import (
     MIGRATIONS_DIR,
     SPENDING_DAY_PARAMS,
@@ -38,7 +39,6 @@ from boundedcode_gateway.metering.ledger_queries import (
     numbered,
     tasks_from,
 )
-from boundedcode_gateway.metering.location import PostgresLocation
 from boundedcode_gateway.metering.records import LEDGER_FIELDS, CallRecord, Rejected
 
 T = TypeVar("T")

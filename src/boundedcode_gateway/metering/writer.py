@@ -26,10 +26,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TypeVar
 
+from boundedcode_gateway.locations import LedgerLocation, describe
 from boundedcode_gateway.metering.backlog import LedgerBacklog, Pending
 from boundedcode_gateway.metering.calllog import append_lines, rotate
 from boundedcode_gateway.metering.ledgers import LedgerStore, ledger_at
-from boundedcode_gateway.metering.location import LedgerLocation, describe
 from boundedcode_gateway.metering.records import CallRecord, Rejected
 
 T = TypeVar("T")

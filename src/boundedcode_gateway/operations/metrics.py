@@ -31,7 +31,6 @@ from boundedcode_gateway.live_config import Route
 from boundedcode_gateway.metering.records import TOKEN_COUNT_PURPOSE, CallRecord
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
-from boundedcode_gateway.ui.events import CallEvents
 
 PREFIX = "boundedcode_gateway"
 OTHER = "other"
@@ -82,6 +81,20 @@ class StateHealth(Protocol):
         ...
 
 
+class PageViewers(Protocol):
+    """What the metrics read of the page of calls' event stream (``ui/events.py``)."""
+
+    @property
+    def viewers(self) -> int:
+        """Pages connected to the stream."""
+        ...
+
+    @property
+    def dropped(self) -> int:
+        """Events dropped for viewers too slow to read them, since the start."""
+        ...
+
+
 class _Series:
     """The metric children of one (model, purpose), made once: ``labels()`` is not free."""
 
@@ -104,7 +117,7 @@ class GatewayMetrics:
         self,
         routes: RouteTable,
         writer: MeterWriter,
-        events: CallEvents | None = None,
+        events: PageViewers | None = None,
         state: StateHealth | None = None,
     ) -> None:
         self._routes = routes
@@ -225,7 +238,7 @@ class _StateCollector(Collector):
         self,
         routes: RouteTable,
         writer: MeterWriter,
-        events: CallEvents | None,
+        events: PageViewers | None,
         state: StateHealth | None,
     ) -> None:
         self._routes = routes

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from boundedcode_gateway.access.caller import TASK_SCOPE
+from boundedcode_gateway.call_context import TASK_SCOPE
 from boundedcode_gateway.reasoning_store.store import ReasoningItem
 
 
@@ -44,6 +44,6 @@ class ReasoningBackend(Protocol):
         ...
 
     async def task(self, task: str, scope: str = TASK_SCOPE) -> CallReasoning:
-        """The task's reasoning for one call of ``scope`` (``access/caller.py``), with what
+        """The task's reasoning for one call of ``scope`` (``call_context.py``), with what
         calls of that scope that already answered kept."""
         ...

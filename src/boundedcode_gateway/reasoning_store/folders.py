@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from pathlib import Path
+
+from boundedcode_gateway.call_context import TASK_ID
 
 log = logging.getLogger(__name__)
 
 MASK_SEPARATOR = "+"
-# the task ids ingress/validate.py lets in (which this layer does not import): a folder of
-# another name under tasks/ is none the gateway made
-_TASK_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
 def folder_name(task: str) -> str:
@@ -54,7 +52,7 @@ def task_of(name: str) -> str:
 
 def _of_earlier_naming(name: str) -> bool:
     """A folder an earlier gateway named by the id itself, which has upper-case letters."""
-    return _TASK_ID.fullmatch(name) is not None and name != name.lower()
+    return TASK_ID.fullmatch(name) is not None and name != name.lower()
 
 
 def rename_earlier_folders(tasks_dir: Path) -> int:

@@ -12,18 +12,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-
-def text_of(content: Any) -> str:
-    """The text of a message's content: a string, or the text parts of a list."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            p.get("text", "")
-            for p in content
-            if isinstance(p, dict) and isinstance(p.get("text"), str)
-        )
-    return ""
+from boundedcode_gateway.wire.chat import text_of
 
 
 def keys_for(tool_call_ids: Sequence[str], text: str, answered: str) -> list[str]:

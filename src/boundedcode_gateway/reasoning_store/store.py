@@ -14,7 +14,7 @@ number of keys it is found under (an answer with 400 tool calls has 400): each k
 the task's index points at the same item. Files of the earlier form, one line a key
 each with a copy of the reasoning, still load, their copies folded into one item.
 
-Each item belongs to the scope of the caller that kept it (``access/caller.py``: a caller
+Each item belongs to the scope of the caller that kept it (``call_context.py``: a caller
 key, the task's tokens, or everyone on the task): a call finds only its own scope's items
 and keeps into it alone, so another caller on the task neither reads nor replaces them.
 A line written before items had a scope belongs to everyone on the task (``TASK_SCOPE``):
@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 import orjson
 
 from boundedcode_gateway import jsonl
-from boundedcode_gateway.access.caller import TASK_SCOPE
+from boundedcode_gateway.call_context import TASK_SCOPE
 from boundedcode_gateway.lru import Clock, IdleLru
 from boundedcode_gateway.reasoning_store.folders import (
     folder_name,

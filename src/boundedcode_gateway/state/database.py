@@ -19,9 +19,9 @@ from typing import TypeVar
 
 import asyncpg
 
+from boundedcode_gateway.locations import PostgresLocation, explain
 from boundedcode_gateway.lru import Clock
 from boundedcode_gateway.metering.ledger import Migration, load_migrations
-from boundedcode_gateway.metering.location import PostgresLocation, explain
 from boundedcode_gateway.metering.pg_ledger import (
     APPLICATION_NAME,
     CLOSE_TIMEOUT_S,

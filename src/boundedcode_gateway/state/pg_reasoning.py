@@ -12,7 +12,7 @@ bytes the gateway encoded, so it comes back byte for byte.
 An answer's reasoning is one row, with every key it is found under in an array (an
 answer with 400 tool calls: one row, one copy of the text); a later answer whose keys
 cover an earlier one's replaces that row in the same statement. A row belongs to the scope
-of the caller that kept it (``access/caller.py``): a call finds only its scope's rows, and
+of the caller that kept it (``call_context.py``): a call finds only its scope's rows, and
 replaces only those; rows from before scopes belong to everyone on the task (migration
 0003).
 
@@ -34,7 +34,7 @@ from typing import Any
 import asyncpg
 import orjson
 
-from boundedcode_gateway.access.caller import TASK_SCOPE
+from boundedcode_gateway.call_context import TASK_SCOPE
 from boundedcode_gateway.lru import Clock, IdleLru
 from boundedcode_gateway.reasoning_store.store import MAX_BYTES_IN_MEMORY, ReasoningItem
 from boundedcode_gateway.state.database import StateDatabase, StateUnavailable

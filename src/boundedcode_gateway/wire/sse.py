@@ -93,6 +93,12 @@ class SSEDecoder:
         self._check()
         return events
 
+    @property
+    def pending(self) -> bool:
+        """Whether bytes after the last event's end are held: a line not yet ended, or the
+        lines of an event not yet ended."""
+        return bool(self._tail) or self._event_size > 0
+
     def _check(self) -> None:
         if self._event_size + self._tail_size > self._limit:
             raise EventTooLarge(self._limit)

@@ -248,6 +248,13 @@ def test_a_stream_that_stops_short_ends_in_an_error() -> None:
     assert names(out)[-1] == "error"
 
 
+@given(st.integers(min_value=1, max_value=len(chunk({"content": "Hel"})) - 1))
+def test_a_stream_cut_inside_its_first_event_ends_in_an_error(cut: int) -> None:
+    stream = MessagesStream("local", SEALER.sign)
+    out = stream.feed(chunk({"content": "Hel"})[:cut]) + stream.end()
+    assert names(out) == ["error"]
+
+
 def test_an_end_asked_for_before_anything_came_is_not_the_end() -> None:
     stream = MessagesStream("local", SEALER.sign)
     assert stream.end() == b""

@@ -19,7 +19,7 @@ from boundedcode_gateway.fronts.responses.response import Echo, Frame, from_chat
 from boundedcode_gateway.fronts.responses.sealed import open_reasoning
 from boundedcode_gateway.fronts.responses.stream import ResponsesStream
 from boundedcode_gateway.fronts.sealing import Sealer
-from boundedcode_gateway.providers.openai_shapes import Stamps
+from boundedcode_gateway.wire.chat import Stamps
 from tests.responses_sdk import DISCARD_EVENT, check_stream
 
 SEALER = Sealer(b"\x07" * 32, clock=lambda: 1_800_000_000.0)

@@ -24,6 +24,7 @@ with a second answer glued to the first.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import orjson
@@ -36,9 +37,11 @@ from boundedcode_gateway.fronts.messages.response import (
     thinking_signature,
     usage,
 )
+from boundedcode_gateway.wire.sse import DONE, SSEDecoder
 
-_DONE = b"[DONE]"
 _EVENT_END = b"\n\n"
+# the relay's own chunks, read whole however large (a held tool call comes in one)
+_NO_EVENT_LIMIT = sys.maxsize
 # the events' data and name, framed
 _EVENT = b"event: %s\ndata: %s\n\n"
 
@@ -49,17 +52,11 @@ def event(name: str, data: dict[str, Any]) -> bytes:
     return _EVENT % (name.encode(), orjson.dumps(data))
 
 
-def _payload(raw: bytes) -> bytes | None:
-    """The data of one SSE event (its ``data:`` lines joined); None for a comment."""
-    lines = [line[5:].removeprefix(b" ") for line in raw.split(b"\n") if line.startswith(b"data:")]
-    return b"\n".join(lines) if lines else None
-
-
 class MessagesStream:
     """Translates one streamed chat answer into Anthropic's events."""
 
     __slots__ = (
-        "_buffer",
+        "_decoder",
         "_done",
         "_finish",
         "_index",
@@ -77,7 +74,7 @@ class MessagesStream:
         # and whose thinking the signatures are of
         self._model = profile
         self._sign = sign
-        self._buffer = b""
+        self._decoder = SSEDecoder(_NO_EVENT_LIMIT)
         self._started = False
         # message_stop or an error was sent: nothing follows
         self._done = False
@@ -92,14 +89,12 @@ class MessagesStream:
         self._usage: Any = None
 
     def feed(self, chunk: bytes) -> bytes:
-        self._buffer += chunk
-        *events, self._buffer = self._buffer.split(_EVENT_END)
         out: list[bytes] = []
-        for raw in events:
-            data = _payload(raw)
-            if data is None or self._done:
+        for sse in self._decoder.feed(chunk):
+            data = sse.data
+            if self._done:
                 continue
-            if data == _DONE:
+            if data == DONE:
                 self._end_message(out)
                 continue
             try:
@@ -116,7 +111,7 @@ class MessagesStream:
         """Nothing after a whole answer or an error; an error for a stream that stopped
         short of either. Asked before anything came (the relay's first piece of an
         answer that had none), it is not the end yet."""
-        if self._done or not (self._started or self._buffer):
+        if self._done or not (self._started or self._decoder.pending):
             return b""
         out: list[bytes] = []
         self._fail(out, error_body("api_error", "the answer ended before it was complete"))

@@ -23,7 +23,7 @@ from boundedcode_gateway.fronts.responses.request import to_chat_request
 from boundedcode_gateway.fronts.responses.response import Echo, Frame, from_chat_completion
 from boundedcode_gateway.fronts.responses.stream import ResponsesStream
 from boundedcode_gateway.fronts.sealing import SealBinding, Sealer
-from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, Stamps
+from boundedcode_gateway.wire.chat import SYSTEM_STAMPS, Stamps
 
 
 class ResponsesCall:

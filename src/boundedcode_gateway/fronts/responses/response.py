@@ -19,8 +19,7 @@ from boundedcode_gateway.fronts.responses.sealed import seal_reasoning
 from boundedcode_gateway.fronts.responses.tools import NO_NAMES, ToolNames
 from boundedcode_gateway.fronts.sealing import Sealer
 from boundedcode_gateway.json_values import count_or_none
-from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, Stamps
-from boundedcode_gateway.reasoning_store.keys import text_of
+from boundedcode_gateway.wire.chat import SYSTEM_STAMPS, Stamps, text_of
 
 JSON = dict[str, Any]
 

@@ -51,7 +51,7 @@ from boundedcode_gateway.fronts.responses.response import (
     sealed,
 )
 from boundedcode_gateway.fronts.sealing import Sealer
-from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, Stamps
+from boundedcode_gateway.wire.chat import SYSTEM_STAMPS, Stamps
 from boundedcode_gateway.wire.sse import DONE, SSEDecoder
 
 _IN_PROGRESS = "in_progress"

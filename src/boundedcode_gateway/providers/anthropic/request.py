@@ -20,7 +20,8 @@ from boundedcode_gateway.providers.anthropic.versions import (
     SAMPLING_FIELDS,
     removed_fields,
 )
-from boundedcode_gateway.providers.openai_shapes import (
+from boundedcode_gateway.reasoning_store.keys import message_keys
+from boundedcode_gateway.wire.chat import (
     SYSTEM_ROLES,
     arguments_object,
     content_parts,
@@ -30,8 +31,8 @@ from boundedcode_gateway.providers.openai_shapes import (
     parse_data_url,
     stop_sequences,
     system_text,
+    text_of,
 )
-from boundedcode_gateway.reasoning_store.keys import message_keys, text_of
 
 # the answer's limit when neither the caller nor the profile sets one (Anthropic requires one)
 DEFAULT_MAX_TOKENS = 8192

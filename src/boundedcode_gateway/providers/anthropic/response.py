@@ -10,13 +10,13 @@ import orjson
 
 from boundedcode_gateway.errors import GatewayError, MalformedResponse
 from boundedcode_gateway.json_values import count_or_none
-from boundedcode_gateway.providers.openai_shapes import (
+from boundedcode_gateway.providers.upstream_errors import error_from_text, upstream_error
+from boundedcode_gateway.upstream.metrics import CallMetrics, CapturedReasoning
+from boundedcode_gateway.wire.chat import (
     AnswerMessage,
     completion_body,
     tool_call,
 )
-from boundedcode_gateway.providers.upstream_errors import error_from_text, upstream_error
-from boundedcode_gateway.upstream.metrics import CallMetrics, CapturedReasoning
 
 # the store's kind for Anthropic's thinking and redacted_thinking blocks
 THINKING_KIND = "anthropic_thinking"

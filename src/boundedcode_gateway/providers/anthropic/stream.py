@@ -24,8 +24,8 @@ from boundedcode_gateway.providers.anthropic.response import (
     read_usage,
 )
 from boundedcode_gateway.providers.base import PartialAnswer, RequestOptions
-from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, ChunkWriter, Stamps
 from boundedcode_gateway.upstream.metrics import CallMetrics, CaptureLimit
+from boundedcode_gateway.wire.chat import SYSTEM_STAMPS, ChunkWriter, Stamps
 
 _NOTHING: tuple[bytes, ...] = ()
 

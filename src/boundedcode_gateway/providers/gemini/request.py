@@ -22,7 +22,8 @@ from boundedcode_gateway.providers.gemini.signatures import (
     apply_to_parts,
     no_signatures,
 )
-from boundedcode_gateway.providers.openai_shapes import (
+from boundedcode_gateway.reasoning_store.keys import message_keys
+from boundedcode_gateway.wire.chat import (
     SYSTEM_ROLES,
     arguments_object,
     content_parts,
@@ -32,9 +33,9 @@ from boundedcode_gateway.providers.openai_shapes import (
     parse_data_url,
     stop_sequences,
     system_text,
+    text_of,
     tool_names_by_id,
 )
-from boundedcode_gateway.reasoning_store.keys import message_keys, text_of
 
 # thinkingLevel for each reasoning_effort (Gemini 3 and later)
 LEVEL_BY_EFFORT = {

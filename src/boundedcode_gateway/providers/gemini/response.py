@@ -16,19 +16,19 @@ from boundedcode_gateway.errors import GatewayError, MalformedResponse, redact
 from boundedcode_gateway.json_values import count_or_none
 from boundedcode_gateway.providers.base import RequestOptions
 from boundedcode_gateway.providers.gemini.signatures import SignatureCollector
-from boundedcode_gateway.providers.openai_shapes import (
-    SYSTEM_STAMPS,
-    AnswerMessage,
-    Stamps,
-    completion_body,
-    tool_call,
-)
 from boundedcode_gateway.providers.upstream_errors import (
     TEXT_CHARS,
     error_from_text,
     upstream_error,
 )
 from boundedcode_gateway.upstream.metrics import CallMetrics, CaptureLimit
+from boundedcode_gateway.wire.chat import (
+    SYSTEM_STAMPS,
+    AnswerMessage,
+    Stamps,
+    completion_body,
+    tool_call,
+)
 
 # Gemini's finishReason → OpenAI's finish_reason ("stop" becomes "tool_calls" with calls)
 FINISH_REASONS = {

@@ -23,8 +23,8 @@ from boundedcode_gateway.providers.gemini.response import (
     first_candidate,
     read_usage,
 )
-from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, ChunkWriter, Stamps
 from boundedcode_gateway.upstream.metrics import CallMetrics, CaptureLimit
+from boundedcode_gateway.wire.chat import SYSTEM_STAMPS, ChunkWriter, Stamps
 
 _NOTHING: tuple[bytes, ...] = ()
 

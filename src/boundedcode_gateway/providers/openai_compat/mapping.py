@@ -22,14 +22,14 @@ from boundedcode_gateway.policy.reasoning import (
 from boundedcode_gateway.policy.structured import RequestedSchema, strict_schema
 from boundedcode_gateway.providers.base import RequestOptions
 from boundedcode_gateway.providers.openai_compat.dialects import Dialect
-from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, Stamps
 from boundedcode_gateway.providers.upstream_errors import (
     MESSAGE_CHARS,
     TEXT_CHARS,
     upstream_error,
 )
-from boundedcode_gateway.reasoning_store.keys import text_of, tool_call_ids
+from boundedcode_gateway.reasoning_store.keys import tool_call_ids
 from boundedcode_gateway.upstream.metrics import CallMetrics, CapturedReasoning
+from boundedcode_gateway.wire.chat import SYSTEM_STAMPS, Stamps, text_of
 
 
 def _named_tool_to_required(out: dict[str, Any]) -> None:

@@ -27,8 +27,8 @@ from boundedcode_gateway.providers.openai_compat.mapping import (
     read_answer_metrics,
     read_progress,
 )
-from boundedcode_gateway.providers.openai_shapes import SYSTEM_STAMPS, Stamps
 from boundedcode_gateway.upstream.metrics import CallMetrics, CapturedReasoning, CaptureLimit
+from boundedcode_gateway.wire.chat import SYSTEM_STAMPS, Stamps
 from boundedcode_gateway.wire.sse import DONE
 
 _NOTHING: tuple[bytes, ...] = ()

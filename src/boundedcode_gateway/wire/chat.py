@@ -1,8 +1,9 @@
-"""OpenAI's chat-completions shapes, read and written for the adapters that translate (pure).
+"""OpenAI's chat-completions shapes, read and written for whatever translates (pure).
 
 The Anthropic and Gemini adapters read the caller's request through these
 helpers and build the caller's answer (a completion, or stream chunks with one
-stable id) through them, so both speak exactly the same OpenAI on the way out.
+stable id) through them, so both speak exactly the same OpenAI on the way out; the
+fronts read the chat answers they translate back with the same helpers.
 """
 
 from __future__ import annotations
@@ -18,10 +19,22 @@ import orjson
 
 from boundedcode_gateway.errors import InvalidRequest
 from boundedcode_gateway.json_values import is_int
-from boundedcode_gateway.reasoning_store.keys import text_of
 from boundedcode_gateway.upstream.metrics import CallMetrics
 
 SYSTEM_ROLES = ("system", "developer")
+
+
+def text_of(content: Any) -> str:
+    """The text of a message's content: a string, or the text parts of a list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            p.get("text", "")
+            for p in content
+            if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return ""
 
 
 @dataclass(frozen=True, slots=True)

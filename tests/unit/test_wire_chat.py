@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from boundedcode_gateway.providers.openai_shapes import ChunkWriter, Stamps
+from boundedcode_gateway.wire.chat import ChunkWriter, Stamps
 
 FIXED = Stamps(clock=lambda: 1_700_000_000.5, random_hex=lambda: "0" * 24)
 
