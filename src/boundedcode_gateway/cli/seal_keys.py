@@ -29,9 +29,7 @@ def run_rotate(config: GatewayConfig, keep: int) -> int:
     except (OSError, ValueError, ConfigError) as exc:
         print(f"boundedcode-gateway seal-key rotate: {folder / KEY_FILE}: {exc}", file=sys.stderr)
         return 1
-    print(f"signing key: {key_id(ring[0])}")
-    for key in ring[1:]:
-        print(f"verifying key: {key_id(key)}")
+    _print_ring(ring)
     for key in removed:
         print(f"removed key: {key_id(key)}")
     print(
@@ -50,7 +48,12 @@ def run_list(config: GatewayConfig) -> int:
     except (OSError, ValueError, ConfigError) as exc:
         print(f"boundedcode-gateway seal-key list: {folder / KEY_FILE}: {exc}", file=sys.stderr)
         return 1
+    _print_ring(ring)
+    return 0
+
+
+def _print_ring(ring: tuple[bytes, ...]) -> None:
+    """The ring's key ids, the signing one first; never a key."""
     print(f"signing key: {key_id(ring[0])}")
     for key in ring[1:]:
         print(f"verifying key: {key_id(key)}")
-    return 0
