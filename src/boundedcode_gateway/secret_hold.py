@@ -132,7 +132,7 @@ class SecretHold:
     def __init__(self, inner: HeldTranslator, secrets: tuple[str, ...]) -> None:
         self._inner = inner
         self._holds = {key: TextHold(secrets) for key in TEXT_KEYS}
-        # the head (id, time, model) of the chunk a held text came in, for its own chunk
+        # the head (id, time, model) of the stream's chunks, for a held text's own chunk
         self._head: dict[str, Any] = {}
         self._done = False
 
@@ -208,7 +208,8 @@ class SecretHold:
             if released != text:
                 delta[key] = released
                 changed = True
-            if hold.held:
+            if hold.held and not self._head:
+                # one stream, one head (its id, time and model): taken once, not per chunk
                 self._head = {k: obj[k] for k in _HEAD_KEYS if k in obj}
         kept.append(orjson.dumps(obj) if changed else payload)
         return carried
