@@ -174,7 +174,11 @@ def test_pass_sends_the_url_for_the_server_to_fetch(
     gw = start_gateway(profiles)
     url = server.url + "/cat.png"
     gw.client().chat.completions.create(model="local", messages=_image(url))
+    # once, for the call: the cache keeper's follow-up renders no conversation that would
+    # have the server download it again
+    gw.settle()
     assert upstreams.llama.media_fetches == [url] and media.paths == ["/cat.png"]
+    assert not [r for r in upstreams.llama.cache_requests if r.path == "/apply-template"]
     caps = httpx.get(gw.url + "/v1/models/local", timeout=10).json()["capabilities"]
     assert caps["media_urls"] is True
 

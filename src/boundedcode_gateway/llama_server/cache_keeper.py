@@ -43,6 +43,7 @@ from boundedcode_gateway.policy.cache_misses import (
     common_prefix_length,
     token_ends_after,
 )
+from boundedcode_gateway.policy.media import media_parts
 from boundedcode_gateway.upstream.http import HttpClient, read_body
 
 log = logging.getLogger(__name__)
@@ -240,8 +241,13 @@ class CacheKeeper:
         """Read the slot before anything else can use it, then compare; returns the next
         request's rendering and whether a slot is idle for the repair."""
         root = call.root
-        slots = await self._get(root, "/slots")
         sent = orjson.loads(call.sent_body)
+        if _fetches_media(sent.get("messages")):
+            # each rendering would have the server download the URL again (remote_media:
+            # pass let it through once, for the call): the answer goes unexamined instead
+            call.previous.evidence = AnswerEvidence("unknown")
+            return None
+        slots = await self._get(root, "/slots")
         prompt = await self._render(root, sent)
         following = {
             **sent,
@@ -347,6 +353,13 @@ class CacheKeeper:
         if not isinstance(out, dict):
             raise ValueError(f"{path} answered something other than an object")
         return out
+
+
+def _fetches_media(messages: Any) -> bool:
+    """Whether a part of the conversation names its bytes by a URL the server fetches."""
+    if not isinstance(messages, list):
+        return False
+    return any(part.remote_source() is not None for part in media_parts(messages))
 
 
 async def _read(resp: Any) -> bytes:
