@@ -284,6 +284,14 @@ class GatewayService:
         for route in [*self.live.routes.values(), *(r for r, _ in retiring)]:
             await route.upstream.close()
 
+    async def servers_of(self, model: str) -> list[dict[str, Any]] | None:
+        """The servers behind a live local profile as an operator is shown them (no key, no
+        prompt); None for a cloud API or a name no live profile has."""
+        route = self.live.routes.get(model)
+        if route is None or route.upstream.provider != "local":
+            return None
+        return await route.upstream.servers()
+
     def structured_output_refused(self, upstream: Upstream) -> bool:
         """Whether this profile's upstream refused a schema in its form (for the process's life)."""
         return (upstream.name, upstream.schema_form) in self._shared.schema_refused

@@ -295,11 +295,10 @@ class Router:
             "upstream_model": upstream.upstream_model,
             "capabilities": caps,
         }
-        if with_servers and upstream.provider == "local":
+        servers = await self.service.servers_of(name) if with_servers else None
+        if servers is not None:
             # names and states only: a process's command line is for the page of calls
-            model["servers"] = [
-                {"name": s["name"], "state": s["state"]} for s in await upstream.servers()
-            ]
+            model["servers"] = [{"name": s["name"], "state": s["state"]} for s in servers]
         return model
 
     def _context(
