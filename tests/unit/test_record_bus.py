@@ -55,11 +55,13 @@ async def test_each_subscriber_sees_every_record_once_in_the_order_published() -
     bus.subscribe("first", lambda r: first.append(r.call_id))
     bus.start()
     bus.subscribe("second", lambda r: second.append(r.call_id))  # after the start too
+    await asyncio.sleep(0)
     ids = [f"call-{i:05d}" for i in range(50)]
     for i in range(50):
         bus.publish(make_record(i))
     assert counted == ids  # in publish itself: before any later call is admitted
     assert durable.records == ids
+    assert first == second == []  # the views: once publish has returned, off its way
     await until(lambda: len(first) == len(second) == 50)
     assert first == second == ids
     await bus.close()
@@ -75,18 +77,23 @@ async def test_a_slow_view_holds_up_neither_publish_nor_the_others() -> None:
         await gate.wait()
         slow.append(record.call_id)
 
+    async def fast_view(record: CallRecord) -> None:
+        fast_too.append(record.call_id)
+
+    fast_too: list[str] = []
     bus.subscribe("slow", slow_view)
     bus.subscribe("fast", lambda r: fast.append(r.call_id))
+    bus.subscribe("fast too", fast_view)
     bus.start()
     began = time.monotonic()
     for i in range(3):
         bus.publish(make_record(i))
     assert time.monotonic() - began < 0.5
-    await until(lambda: len(fast) == 3)
+    await until(lambda: len(fast) == len(fast_too) == 3)
     assert slow == []
     gate.set()
     await until(lambda: len(slow) == 3)
-    assert slow == fast
+    assert slow == fast == fast_too
     await bus.close()
 
 

@@ -11,9 +11,12 @@ Three kinds of subscriber, by what a record is to them:
   called in ``publish``, so a record is counted before any later call is admitted; it
   must be cheap and never wait.
 - a view (``subscribe``): the page of calls, the metrics, the failure log. Each has a
-  bounded queue of its own, drained by a task of its own on the event loop, in the order
-  published; a view that is slow or fails holds up neither ``publish`` nor the others. A
-  full queue drops the record for that view alone, counted in ``dropped``.
+  bounded queue of its own, drained on the event loop after ``publish`` returns, in the
+  order published; a view that fails holds up neither ``publish`` nor the others. A
+  coroutine view has a task of its own, so one that waits holds up no other; plain
+  functions are drained together, once per turn of the loop (a task each would cost
+  more than they do). A full queue drops the record for that view alone, counted in
+  ``dropped``.
 
 Every subscriber sees every record, also those the writer drops or does not keep
 (metering off). ``publish`` never blocks and never raises; it may be called from another
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import threading
 import time
@@ -38,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 # records a view may have waiting before it drops
 VIEW_QUEUE_RECORDS = 10_000
+# how often ``flush`` looks whether the views have caught up
+FLUSH_POLL_S = 0.001
 # under sustained overload every record drops; log the first drop and then every Nth
 DROP_LOG_EVERY = 1000
 
@@ -65,19 +71,19 @@ def _failed(subscriber: str, record: CallRecord) -> None:
 
 
 class _View:
-    """One view's queue and the task that drains it."""
+    """One view's queue, and how far its handler has got."""
 
-    def __init__(
-        self, name: str, handler: Handler, bound: int, progress: threading.Condition
-    ) -> None:
+    def __init__(self, name: str, handler: Handler, bound: int) -> None:
         self.name = name
         self.handler = handler
         self.bound = bound
+        # a coroutine view is drained by a task of its own, woken by `wake`
+        self.waits = inspect.iscoroutinefunction(handler)
         self.dropped = 0
         self.offered = 0  # records put on the queue
-        self.handled = 0  # records the handler has finished with
+        # records the handler has finished with (the loop's alone to write)
+        self.handled = 0
         self._queue: deque[CallRecord] = deque()
-        self._progress = progress
         self._wake = asyncio.Event()
         self._closing = False
 
@@ -97,8 +103,20 @@ class _View:
         self._closing = True
         self._wake.set()
 
+    def drain_now(self) -> None:
+        """Hand a plain function every record queued, in order."""
+        handled = 0
+        while self._queue:
+            record = self._queue.popleft()
+            try:
+                self.handler(record)
+            except Exception:
+                _failed(self.name, record)
+            handled += 1
+        self.handled += handled
+
     async def drain(self) -> None:
-        """Hand each record to the handler, in order, until closed and empty."""
+        """Hand a coroutine each record, in order, until closed and empty."""
         while True:
             while self._queue:
                 record = self._queue.popleft()
@@ -108,9 +126,7 @@ class _View:
                         await done
                 except Exception:
                     _failed(self.name, record)
-                with self._progress:
-                    self.handled += 1
-                    self._progress.notify_all()
+                self.handled += 1
             if self._closing:
                 return
             self._wake.clear()
@@ -124,10 +140,11 @@ class RecordBus:
         self._durable = durable
         self._counters: tuple[tuple[str, Callable[[CallRecord], None]], ...] = ()
         self._views: tuple[_View, ...] = ()
-        self._progress = threading.Condition()
+        self._plain: tuple[_View, ...] = ()  # the views drained together
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._scheduled = False  # a drain of the plain views is on the loop's way
         self._closed = False
 
     def count(self, name: str, counter: Callable[[CallRecord], None]) -> None:
@@ -136,9 +153,11 @@ class RecordBus:
 
     def subscribe(self, name: str, handler: Handler, bound: int = VIEW_QUEUE_RECORDS) -> None:
         """Hand each record to ``handler`` from a queue of its own (``bound`` records)."""
-        view = _View(name, handler, bound, self._progress)
+        view = _View(name, handler, bound)
         self._views = (*self._views, view)
-        if self._loop is not None:
+        if not view.waits:
+            self._plain = (*self._plain, view)
+        elif self._loop is not None:
             self._tasks.append(self._loop.create_task(view.drain()))
 
     @property
@@ -153,7 +172,9 @@ class RecordBus:
             return
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self._tasks = [self._loop.create_task(v.drain()) for v in self._views]
+        self._tasks = [self._loop.create_task(v.drain()) for v in self._views if v.waits]
+        self._scheduled = True
+        self._loop.call_soon(self._drain_plain)
 
     def publish(self, record: CallRecord) -> Future[None] | None:
         """Hand the record to every subscriber; never blocks, never raises. The writer's
@@ -163,24 +184,37 @@ class RecordBus:
                 counter(record)
             except Exception:
                 _failed(name, record)
-        for view in self._views:
-            self._offer(view, record)
+        if not self._closed:
+            for view in self._views:
+                self._offer(view, record)
         return self._durable.submit(record) if self._durable is not None else None
 
     def _offer(self, view: _View, record: CallRecord) -> None:
-        if self._closed or not view.offer(record):
-            if not self._closed:
-                self._log_drop(view, record)
+        if not view.offer(record):
+            self._log_drop(view, record)
             return
-        loop = self._loop
-        if loop is None:
+        if self._loop is None:
             return  # drained once started
+        if view.waits:
+            self._on_loop(view.wake)
+        elif not self._scheduled:
+            self._scheduled = True
+            self._on_loop(self._drain_plain)
+
+    def _on_loop(self, callback: Callable[[], None]) -> None:
+        loop = self._loop
+        assert loop is not None
         if threading.get_ident() == self._loop_thread:
-            view.wake()
+            loop.call_soon(callback)
             return
         # a closed loop drains nothing any more: the record stays queued
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(view.wake)
+            loop.call_soon_threadsafe(callback)
+
+    def _drain_plain(self) -> None:
+        self._scheduled = False
+        for view in self._plain:
+            view.drain_now()
 
     def _log_drop(self, view: _View, record: CallRecord) -> None:
         if view.dropped == 1 or view.dropped % DROP_LOG_EVERY == 0:
@@ -196,22 +230,20 @@ class RecordBus:
         so far; False on timeout. Not from the loop's own thread, which drains the views."""
         deadline = time.monotonic() + timeout
         targets = [(v, v.offered) for v in self._views]
-        if targets and self._loop is None:
-            return all(v.handled >= n for v, n in targets)
-        with self._progress:
-            caught_up = self._progress.wait_for(
-                lambda: all(v.handled >= n for v, n in targets), timeout
-            )
-        if not caught_up:
-            return False
+        # polled: a lock taken per record handled would cost every call, for the tests
+        while not all(v.handled >= n for v, n in targets):
+            if self._loop is None or time.monotonic() >= deadline:
+                return False
+            time.sleep(FLUSH_POLL_S)
         if self._durable is None:
             return True
         return self._durable.flush(max(0.0, deadline - time.monotonic()))
 
     async def close(self) -> None:
-        """Let each view handle what is queued, then stop its task; later records go to
-        the counters and the writer only."""
+        """Let each view handle what is queued, then stop; later records go to the
+        counters and the writer only."""
         self._closed = True
+        self._drain_plain()
         for view in self._views:
             view.close()
         if self._tasks:
