@@ -1,5 +1,5 @@
-"""The ASGI application: its lifespan owns the HTTP client, the upstreams and the meter
-writer; ``reload`` swaps in what a new configuration gives without dropping a call."""
+"""The ASGI application: its lifespan owns the HTTP client, the upstreams, the record bus
+and the meter writer; ``reload`` swaps in what a new configuration gives without dropping a call."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from boundedcode_gateway.live_config import (
     route_changes,
 )
 from boundedcode_gateway.locations import describe, explain
+from boundedcode_gateway.metering.bus import RecordBus
 from boundedcode_gateway.metering.calllog import read_tail
 from boundedcode_gateway.metering.ledgers import prepare_ledger
 from boundedcode_gateway.metering.writer import MeterWriter
@@ -103,6 +104,8 @@ class GatewayApp:
             rotated_files=config.retention.call_log_files,
             ledger_buffer_records=config.metering.ledger_buffer_records,
         )
+        # each call's record, published once: the writer is its durable subscriber
+        self.bus = RecordBus(self.writer)
         retention = config.retention
         memory = (retention.tasks_in_memory, retention.task_idle_s)
         # the reasoning store and the history behind `changed`: files, or `state:`'s database
@@ -121,11 +124,11 @@ class GatewayApp:
         # what the page of calls is told as calls go, and the records it shows whole
         self.events = CallEvents()
         records = RecentRecords()
-        self.writer.observe(records.remember)
+        self.bus.subscribe("the page's records", records.remember)
         self.service = GatewayService(
             build_live_config(config, self.http, listen_host=listen_host),
             self.http,
-            self.writer,
+            self.bus,
             self.reasoning,
             continuity,
             budgets=self.budgets,
@@ -135,10 +138,10 @@ class GatewayApp:
         self.metrics = GatewayMetrics(
             self.service, self.writer, self.events, state=self.state.database
         )
-        self.writer.observe(self.metrics.observe)
+        self.bus.subscribe("the metrics", self.metrics.observe)
         # a line on stderr per failed or refused call
         self.failures = FailureLog()
-        self.writer.observe(self.failures.observe)
+        self.bus.subscribe("the failure log", self.failures.observe)
         self.sweeper = (
             IdleTaskSweeper(self.state, retention.task_days)
             if retention.task_days is not None
@@ -182,8 +185,9 @@ class GatewayApp:
         return self.service.upstreams
 
     async def startup(self) -> None:
-        """Check the ledger can be written (a database server's), start the meter writer and
-        learn each model's capabilities (failures to learn them are not fatal)."""
+        """Check the ledger can be written (a database server's), start the record bus and the
+        meter writer and learn each model's capabilities (failures to learn them are not
+        fatal)."""
         if self._started:
             return
         self._started = True
@@ -191,6 +195,7 @@ class GatewayApp:
         await self._prepare_ledger()
         await self._open_state()
         await self._restore_budgets()
+        self.bus.start()
         self.writer.start()
         if self.sweeper is not None:
             self._sweeping = asyncio.create_task(self.sweeper.run())
@@ -250,6 +255,7 @@ class GatewayApp:
                 await self._sweeping
         await self.service.close()
         await self.http.close()
+        await self.bus.close()
         await asyncio.to_thread(self.writer.close)
         await asyncio.to_thread(self.failures.close)
         await self.state.close()

@@ -31,10 +31,10 @@ from boundedcode_gateway.call_flow import (
 from boundedcode_gateway.errors import GatewayError, ModelNotFound, internal_error
 from boundedcode_gateway.live_config import LiveConfig, Route
 from boundedcode_gateway.llama_server.cache_keeper import CacheKeeper
+from boundedcode_gateway.metering.bus import RecordBus
 from boundedcode_gateway.metering.meter import Meter
 from boundedcode_gateway.metering.records import CallRecord
 from boundedcode_gateway.metering.request_facts import RequestFacts
-from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy.cache_misses import ContinuityTable
 from boundedcode_gateway.policy.history_diff import History, HistoryTracker
 from boundedcode_gateway.providers.base import Upstream
@@ -64,7 +64,7 @@ class GatewayService:
         self,
         live: LiveConfig,
         http: HttpClient,
-        writer: MeterWriter,
+        writer: RecordBus,
         reasoning: ReasoningBackend,
         continuity: ContinuityTable | None = None,
         budgets: BudgetBook | None = None,
@@ -75,14 +75,15 @@ class GatewayService:
         self._http = http
         self._writer = writer
         if budgets is not None:
-            # every record the writer is handed, the cache repairs' too, counts
-            writer.observe(budgets.count)
+            # every record published, the cache repairs' too, counts before the next
+            # call is admitted
+            writer.count("budgets", budgets.count)
         self._budgets = budgets
         continuity = continuity if continuity is not None else ContinuityTable()
         history = history if history is not None else HistoryTracker()
         self._shared = SharedState(http, reasoning, history, continuity, set(), events)
         if events is not None:
-            writer.observe(events.finished)
+            writer.subscribe("the page of calls", events.finished)
         self._events = events
         # by upstream: a changed profile's new upstream gets a keeper of its own
         self._keepers: dict[Upstream, CacheKeeper] = {}

@@ -21,14 +21,14 @@ TASK = "tidy-the-docs"
 def abandoned_repair(gw: Gateway, legacy: bool = False) -> str:
     """A repair's record as the cache keeper submits it when a call arrives (``legacy``:
     as releases before the ``abandoned`` status wrote it: an error with that code)."""
-    meter = Meter(gw.app.writer, CallContext.new(TASK, REPAIR_PURPOSE), "local")
+    meter = Meter(gw.app.bus, CallContext.new(TASK, REPAIR_PURPOSE), "local")
     meter.record.provider = "local"
     if not legacy:
         meter.abandoned()
         return meter.record.call_id
     record = meter.record
     record.status, record.http_status, record.error_code = "error", 499, "abandoned"
-    gw.app.writer.submit(record)
+    gw.app.bus.publish(record)
     return record.call_id
 
 
@@ -43,7 +43,7 @@ def test_an_abandoned_repair_is_muted_and_a_failure_is_red(
         gw.client(task=TASK).chat.completions.create(
             model="nope", messages=[{"role": "user", "content": "hi"}]
         )
-    assert gw.app.writer.flush(10.0)
+    assert gw.app.bus.flush(10.0)
 
     table = open_page(gw.url, "#calls")
     page = table.page

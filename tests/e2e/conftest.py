@@ -82,12 +82,12 @@ class Gateway:
 
     def calls(self, repairs: bool = False) -> list[dict[str, Any]]:
         """The call log; the cache keeper's own repairs only when asked for."""
-        assert self.app.writer.flush(10.0)
+        assert self.app.bus.flush(10.0)
         calls = read_calls(self.data_dir / "calls.jsonl")
         return calls if repairs else [c for c in calls if c["purpose"] != REPAIR_PURPOSE]
 
     def ledger_rows(self, repairs: bool = False) -> list[dict[str, Any]]:
-        assert self.app.writer.flush(10.0)
+        assert self.app.bus.flush(10.0)
         with sqlite3.connect(self.data_dir / "ledger.db") as db:
             db.row_factory = sqlite3.Row
             rows = db.execute("SELECT * FROM model_calls ORDER BY started_at, rowid").fetchall()

@@ -39,7 +39,7 @@ def logged(gateway: Gateway, caplog: pytest.LogCaptureFixture) -> Iterator[Any]:
     caplog.set_level(logging.INFO, logger=LOGGER_NAME)
 
     def read() -> list[str]:
-        assert gateway.app.writer.flush(10.0)
+        assert gateway.app.bus.flush(10.0)
         assert gateway.app.failures.flush(10.0)
         return lines_of(caplog)
 

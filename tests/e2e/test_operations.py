@@ -43,12 +43,12 @@ def by_name(found: Samples, name: str, label: str) -> dict[str, float]:
 
 
 def submit_on_loop(gw: Gateway, record: CallRecord) -> None:
-    """Hand the writer a record as the gateway's own code does: on its event loop."""
+    """Publish a record as the gateway's own code does: on its event loop."""
     loop = gw.app.loop
     assert loop is not None
 
     async def submit() -> None:
-        gw.app.writer.submit(record)
+        gw.app.bus.publish(record)
 
     asyncio.run_coroutine_threadsafe(submit(), loop).result(10)
 

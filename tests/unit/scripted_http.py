@@ -17,7 +17,6 @@ import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import orjson
@@ -25,8 +24,8 @@ import pytest
 import yaml
 
 from boundedcode_gateway.config import parse_config
+from boundedcode_gateway.metering.bus import RecordBus
 from boundedcode_gateway.metering.records import CallRecord
-from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.providers.openai_compat.adapter import OpenAICompatUpstream
 from boundedcode_gateway.upstream.http import HttpClient
 
@@ -198,15 +197,15 @@ def sse(obj: Any) -> bytes:
 OPENAI_KEY_ENV = "SCRIPTED_OPENAI_KEY"
 
 
-class RecordingWriter(MeterWriter):
-    """A meter writer that keeps what is submitted, in memory (no files, no thread)."""
+class RecordingWriter(RecordBus):
+    """A record bus that keeps what is published, in memory (no files, no thread)."""
 
     def __init__(self) -> None:
-        super().__init__(Path("unused.jsonl"), Path("unused.db"), enabled=False)
+        super().__init__()
         self.records: list[CallRecord] = []
 
-    def submit(self, record: CallRecord) -> None:
-        self.show(record)
+    def publish(self, record: CallRecord) -> None:
+        super().publish(record)
         self.records.append(dataclasses.replace(record))
 
 

@@ -278,15 +278,15 @@ def test_spending_never_exceeds_the_limit_plus_what_was_in_flight_when_it_was_re
 
 def counting(book: BudgetBook) -> RecordingWriter:
     writer = RecordingWriter()
-    writer.observe(book.count)
+    writer.count("budgets", book.count)
     return writer
 
 
 def test_the_book_counts_every_record_the_writer_is_handed() -> None:
     book = BudgetBook(None, Clock())
     sink = writer = counting(book)
-    sink.submit(record(0))
-    sink.submit(replace(record(1), started_at="not a time"))  # counted on some day
+    sink.publish(record(0))
+    sink.publish(replace(record(1), started_at="not a time"))  # counted on some day
     assert [r.call_id for r in writer.records] == ["call-00000", "call-00001"]
     assert book.spent(("caller", "ci"), "lifetime", "").tokens == 240
 
@@ -295,7 +295,7 @@ def test_a_record_that_cannot_be_counted_is_still_written(caplog: pytest.LogCapt
     book = BudgetBook(None, Clock())
     writer = counting(book)
     broken = replace(record(0), prompt_tokens="many")  # type: ignore[arg-type]
-    writer.submit(broken)
+    writer.publish(broken)
     assert [r.call_id for r in writer.records] == ["call-00000"]
     assert "failed on call-00000" in caplog.text
 
@@ -376,7 +376,7 @@ def test_a_restored_book_refuses_what_was_spent_before_the_restart(tmp_path: Pat
     before = BudgetBook(BudgetSettings(max_cost_usd=1.0, per="lifetime"), Clock())
     sink = writer = counting(before)
     for n in range(3):
-        sink.submit(record(n, prompt_tokens=400, completion_tokens=0, cost_usd=0.4))
+        sink.publish(record(n, prompt_tokens=400, completion_tokens=0, cost_usd=0.4))
     write_ledger(path, writer.records)
 
     after = BudgetBook(BudgetSettings(max_cost_usd=1.0, per="lifetime"), Clock())

@@ -25,12 +25,12 @@ from boundedcode_gateway.operations.failure_log import (
 
 
 class _Writer:
-    """A meter writer that keeps what it is handed."""
+    """A record sink that keeps what it is handed."""
 
     def __init__(self) -> None:
         self.records: list[CallRecord] = []
 
-    def submit(self, record: CallRecord) -> None:
+    def publish(self, record: CallRecord) -> None:
         self.records.append(record)
 
 

@@ -17,6 +17,7 @@ from boundedcode_gateway.errors import UpstreamUnavailable
 from boundedcode_gateway.llama_server.cache_keeper import AnsweredCall, CacheKeeper, CacheServer
 from boundedcode_gateway.llama_server.pool import PoolMember, ServerLease, ServerPool
 from boundedcode_gateway.llama_server.slots import SlotTable
+from boundedcode_gateway.metering.bus import RecordBus
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy.cache_misses import PreviousCall
 from boundedcode_gateway.pools.server_state import ServerState
@@ -155,7 +156,8 @@ def test_the_keeper_repairs_in_the_answers_slot_or_not_at_all(
     async def scenario() -> None:
         pool = _pool(running.url, slots=1)
         writer = MeterWriter(tmp_path / "calls.jsonl", tmp_path / "ledger.db", enabled=False)
-        keeper = CacheKeeper("p", CacheServer(lambda root: {}, True), pool.http, writer)
+        bus = RecordBus(writer)
+        keeper = CacheKeeper("p", CacheServer(lambda root: {}, True), pool.http, bus)
         try:
             a = pool.lease(("a", "agent_turn"), "task:a")
             body, answer = await _send(pool, a)

@@ -32,8 +32,8 @@ from boundedcode_gateway.config import PriceSettings
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.json_values import count_or_none
 from boundedcode_gateway.llama_server.pool import SlotHold
+from boundedcode_gateway.metering.bus import RecordSink
 from boundedcode_gateway.metering.meter import Meter
-from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy.cache_misses import (
     MISS_TOLERANCE_TOKENS,
     REPAIR_PURPOSE,
@@ -178,7 +178,7 @@ class CacheKeeper:
         profile: str,
         server: CacheServer,
         http: HttpClient,
-        writer: MeterWriter,
+        writer: RecordSink,
         price: PriceSettings | None = None,
     ) -> None:
         self._profile = profile

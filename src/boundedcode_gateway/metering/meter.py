@@ -1,4 +1,4 @@
-"""One call's meter: the record filled as the call goes, submitted once."""
+"""One call's meter: the record filled as the call goes, published once."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from concurrent.futures import Future
 
 from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.errors import GatewayError
+from boundedcode_gateway.metering.bus import RecordSink
 from boundedcode_gateway.metering.cost import Price, call_cost
 from boundedcode_gateway.metering.records import CallRecord
-from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.text import clip
 from boundedcode_gateway.upstream.metrics import CallMetrics
 
@@ -36,18 +36,18 @@ class Meter:
     computed from them here, with the price of the profile the call was routed to.
     """
 
-    __slots__ = ("_done", "_durable", "_on_submit", "_price", "_writer", "ctx", "record")
+    __slots__ = ("_done", "_durable", "_on_submit", "_price", "_sink", "ctx", "record")
 
     def __init__(
         self,
-        writer: MeterWriter,
+        sink: RecordSink,
         ctx: CallContext,
         model: str,
         messages: int = 0,
         price: Price | None = None,
         on_submit: Callable[[], None] | None = None,
     ) -> None:
-        self._writer = writer
+        self._sink = sink
         self._price = price
         # the call is over once its record is submitted (the route counts it out)
         self._on_submit = on_submit
@@ -100,7 +100,7 @@ class Meter:
             prefill_ms=r.prefill_ms,
             decode_ms=r.decode_ms,
         )
-        self._durable = self._writer.submit(r)
+        self._durable = self._sink.publish(r)
         if self._on_submit is not None:
             self._on_submit()
 

@@ -1,5 +1,7 @@
 """The one background writer: takes call records off the request path and writes them.
 
+The record bus's durable subscriber (``bus.py``): it is handed each published record.
+
 Owns the queue, the writer thread and the ledger connection (opened in that thread).
 ``submit`` runs on the event loop and must never block or raise; a failing sink is
 logged and counted, and must not stop the other sink or the thread. A record a sink
@@ -58,8 +60,7 @@ class MeterWriter:
     could not hold (one per record per sink); ``queued`` records waiting. For a ledger
     that reconnects: ``ledger_buffered`` records waiting for it to come back,
     ``ledger_dropped`` records it lost (the buffer full, the oldest first; or still
-    waiting when the writer stopped). Observers (``observe``) see each record as it is
-    submitted.
+    waiting when the writer stopped).
     """
 
     def __init__(
@@ -95,21 +96,7 @@ class MeterWriter:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._failing: set[str] = set()  # sinks whose last write failed
-        self._observers: tuple[Callable[[CallRecord], None], ...] = ()
         self._backlog = LedgerBacklog(ledger_buffer_records)
-
-    def observe(self, observer: Callable[[CallRecord], None]) -> None:
-        """Show every submitted record to ``observer`` (on the submitter's thread, the event
-        loop): it must be cheap and never raise. It sees records also with metering off."""
-        self._observers = (*self._observers, observer)
-
-    def show(self, record: CallRecord) -> None:
-        """Show a record to the observers; one that fails is logged, the record still goes."""
-        for observer in self._observers:
-            try:
-                observer(record)
-            except Exception:
-                logger.exception("an observer of call records failed on %s", record.call_id)
 
     @property
     def queued(self) -> int:
@@ -140,7 +127,6 @@ class MeterWriter:
         When ``sync``, the future done once the record's batch has been written (or its
         sinks have failed, which is logged); None for a record not queued, or not sync.
         """
-        self.show(record)
         if not self.enabled:
             return None
         with self._lock:

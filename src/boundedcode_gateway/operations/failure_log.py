@@ -1,6 +1,6 @@
 """One log line per failed or refused call: what an operator reads first, on stderr.
 
-A call's record is seen as the meter writer is handed it (an observer, as the metrics
+A call's record is seen as the record bus publishes it (a view, as the metrics
 are); a request refused before it had a record (its key, its body unreadable, no model
 named) is told by the router. The line is formatted on the event loop, once per such
 call, and written by a thread of its own: the request path never waits for stderr. Its
@@ -133,7 +133,7 @@ class FailureLog:
         self.dropped = 0
 
     def observe(self, record: CallRecord) -> None:
-        """A meter writer's observer: cheap, never raises, never waits."""
+        """A view of the record bus: cheap, never raises, never waits."""
         line = failure_line(record)
         if line is not None:
             self._put(line)

@@ -1,7 +1,7 @@
 """The gateway's Prometheus metrics (``GET /metrics``).
 
-Each call is counted from its record, as the meter writer is handed it (the
-observer runs on the event loop, once per call, never per chunk), so the counts
+Each call is counted from its record, as the record bus publishes it (a view of
+the bus, drained on the event loop, once per call, never per chunk), so the counts
 are the ledger's. What is a state rather than an event (calls in flight, the
 metering queue, managed-server restarts) is read when scraped.
 

@@ -126,7 +126,7 @@ class CallEvents:
             self._tell("streaming", {"call_id": call_id, "chunks": chunks, "at_ms": elapsed_ms})
 
     def finished(self, record: CallRecord) -> None:
-        """A call's record, as submitted (a writer observer: cheap, never raises)."""
+        """A call's record, as published (a view of the record bus: cheap, never raises)."""
         self._in_flight.pop(record.call_id, None)
         if self._viewers:
             # orjson writes the dataclass itself: no dict copied per record

@@ -22,7 +22,7 @@ RECENT_RECORDS = 2000
 
 
 class RecentRecords:
-    """The last ``limit`` submitted records by call id (a writer observer)."""
+    """The last ``limit`` published records by call id (a view of the record bus)."""
 
     def __init__(self, limit: int = RECENT_RECORDS) -> None:
         self._limit = limit
