@@ -38,7 +38,7 @@ def metered(end: Any, front: str = "messages", model: str = "local", **fields: A
     """The record a meter submits for a call of ``front`` ended by ``end(meter)``."""
     writer = _Writer()
     ctx = CallContext.new("task-7", "agent_turn", front=front)
-    meter = Meter(writer, ctx, model, messages=3)  # type: ignore[arg-type]
+    meter = Meter(writer, ctx, model, messages=3)
     for name, value in fields.items():
         setattr(meter.record, name, value)
     end(meter)
