@@ -19,6 +19,19 @@ import orjson
 from boundedcode_gateway import discard
 from boundedcode_gateway.access.authenticate import check_model, metered_task
 from boundedcode_gateway.access.sites import check_json_body
+from boundedcode_gateway.asgi.body import BodyParser
+from boundedcode_gateway.asgi.body_read import BodyPace, ReadingBudget, read_request_body
+from boundedcode_gateway.asgi.render import (
+    Message,
+    Receive,
+    Send,
+    end_stream,
+    send_body,
+    send_chunk,
+    send_error,
+    send_json,
+    start_stream,
+)
 from boundedcode_gateway.call_context import CallContext, Caller, reasoning_scope
 from boundedcode_gateway.config import LimitsSettings, ReasoningSharing
 from boundedcode_gateway.errors import (
@@ -43,19 +56,6 @@ from boundedcode_gateway.fronts.base import (
     TokenCounter,
 )
 from boundedcode_gateway.fronts.sealing import SealBinding
-from boundedcode_gateway.ingress.body import BodyParser
-from boundedcode_gateway.ingress.body_read import BodyPace, ReadingBudget, read_request_body
-from boundedcode_gateway.ingress.render import (
-    Message,
-    Receive,
-    Send,
-    end_stream,
-    send_body,
-    send_chunk,
-    send_error,
-    send_json,
-    start_stream,
-)
 from boundedcode_gateway.ingress.validate import (
     DEFAULT_PURPOSE,
     DEFAULT_TASK,
