@@ -89,10 +89,6 @@ class UiRoutes:
         self._loopback = is_loopback(listen_host)
         self._files = _static_files()
 
-    @staticmethod
-    def serves(path: str) -> bool:
-        return path == UI_PREFIX or path.startswith(UI_PREFIX + "/")
-
     def check_access(self, enabled: bool, caller: Caller | None) -> None:
         """Hidden when off; an admin key's with ``auth:``; loopback's only without."""
         if not enabled:
