@@ -15,15 +15,15 @@ from boundedcode_gateway import private_files
 from boundedcode_gateway.access.listen import listen_refusal
 from boundedcode_gateway.access.sites import DEFAULT_LISTEN_HOST
 from boundedcode_gateway.access.token_secret import token_secrets
+from boundedcode_gateway.asgi.body import BodyParser
+from boundedcode_gateway.asgi.body_read import ReadingBudget
+from boundedcode_gateway.asgi.render import Receive, Send, send_error
 from boundedcode_gateway.budgets.book import BudgetBook, budgets_configured
 from boundedcode_gateway.budgets.store import LedgerSpendStore, SpendStore
 from boundedcode_gateway.config import ConfigSource, GatewayConfig, UpstreamLimitsSettings
 from boundedcode_gateway.errors import ConfigError, GatewayError, internal_error
 from boundedcode_gateway.fronts.registry import fronts_by_path
 from boundedcode_gateway.fronts.sealing import Sealer, key_id, read_ring
-from boundedcode_gateway.ingress.body import BodyParser
-from boundedcode_gateway.ingress.body_read import ReadingBudget
-from boundedcode_gateway.ingress.render import Receive, Send, send_error
 from boundedcode_gateway.ingress.routes import Router
 from boundedcode_gateway.live_config import (
     Route,

@@ -14,8 +14,8 @@ import openai
 import orjson
 import pytest
 
+from boundedcode_gateway.asgi.render import Receive, Send
 from boundedcode_gateway.cli.calls import run_calls
-from boundedcode_gateway.ingress.render import Receive, Send
 from boundedcode_gateway.text import MAX_NAME_CHARS, clip
 from tests.e2e.conftest import Gateway, GatewayFactory
 from tests.fakes.canned import CannedUpstream, canned_answer

@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import pytest
 
+from boundedcode_gateway.asgi import body as body_module
+from boundedcode_gateway.asgi.body import OFF_LOOP_BYTES, BodyParser
 from boundedcode_gateway.errors import InvalidRequest
-from boundedcode_gateway.ingress import body as body_module
-from boundedcode_gateway.ingress.body import OFF_LOOP_BYTES, BodyParser
 
 MIB = 1024 * 1024
 

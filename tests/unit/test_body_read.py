@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from boundedcode_gateway.asgi.body_read import BodyPace, ReadingBudget, read_request_body
+from boundedcode_gateway.asgi.render import Message
 from boundedcode_gateway.config import LimitsSettings, parse_config
 from boundedcode_gateway.errors import BodiesOverBudget, BodyTooLarge, BodyTooSlow, ConfigError
-from boundedcode_gateway.ingress.body_read import BodyPace, ReadingBudget, read_request_body
-from boundedcode_gateway.ingress.render import Message
 
 CONFIG = """\
 data_dir: .gateway

@@ -12,7 +12,7 @@ and its buffers for as long as the caller likes. The protocol here bounds them:
 the head must be complete within ``header_timeout_s`` of the connection's start
 (or of the request's first byte) and within ``max_header_bytes``, and a kept-alive
 connection between requests, like a body, must not stay idle for ``idle_timeout_s``.
-A body's pace is the router's (``ingress/body_read.py``), where its front is known.
+A body's pace is the router's (read with ``asgi/body_read.py``), where its front is known.
 At most ``max_connections`` are open at once: one more is answered 503 and closed as
 it opens, before it can hold a head or a body.
 

@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 import orjson
 
 from boundedcode_gateway.access.sites import is_loopback
+from boundedcode_gateway.asgi.render import Receive, Send, send_body, send_json
 from boundedcode_gateway.call_context import Caller
 from boundedcode_gateway.errors import Forbidden, GatewayError, MethodNotAllowed, NotFound
-from boundedcode_gateway.ingress.render import Receive, Send, send_body, send_json
 from boundedcode_gateway.locations import LedgerLocation
 from boundedcode_gateway.metering.ledgers import LedgerStore, ledger_at, ledger_exists
 from boundedcode_gateway.metering.records import CALL_LOG_ONLY
@@ -88,10 +88,6 @@ class UiRoutes:
         self._ledger = ledger
         self._loopback = is_loopback(listen_host)
         self._files = _static_files()
-
-    @staticmethod
-    def serves(path: str) -> bool:
-        return path == UI_PREFIX or path.startswith(UI_PREFIX + "/")
 
     def check_access(self, enabled: bool, caller: Caller | None) -> None:
         """Hidden when off; an admin key's with ``auth:``; loopback's only without."""

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 from boundedcode_gateway.errors import GatewayError
-from boundedcode_gateway.fronts.base import Front
 
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
 Receive = Callable[[], Awaitable[Message]]
+
+
+class ErrorShape(Protocol):
+    """How a caller's API words an error (a front, in ``fronts/``)."""
+
+    def error(self, exc: GatewayError) -> tuple[int, bytes]:
+        """(the status, the body) ``exc`` is answered with."""
+        ...
+
 
 JSON_HEADERS: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json")]
 SSE_HEADERS: list[tuple[bytes, bytes]] = [
@@ -47,7 +55,7 @@ async def send_body(
 
 
 async def send_error(
-    send: Send, exc: GatewayError, close: bool = False, front: Front | None = None
+    send: Send, exc: GatewayError, close: bool = False, front: ErrorShape | None = None
 ) -> None:
     """The error in the shape of the caller's front (OpenAI's, by default) with its status."""
     # the front's rendering first: it may add headers of its own (Anthropic's request-id)

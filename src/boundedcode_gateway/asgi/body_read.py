@@ -22,9 +22,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from boundedcode_gateway.asgi.render import Receive
 from boundedcode_gateway.config import LimitsSettings
 from boundedcode_gateway.errors import BodiesOverBudget, BodyTooLarge, BodyTooSlow, CallerLeft
-from boundedcode_gateway.ingress.render import Receive
 
 
 @dataclass(frozen=True, slots=True)
