@@ -24,6 +24,7 @@ from boundedcode_gateway.errors import (
     MalformedResponse,
     MissingApiKey,
 )
+from boundedcode_gateway.llama_server.api import LlamaServerAPI, MalformedAnswer, ServerRefused
 from boundedcode_gateway.llama_server.cache_keeper import CacheServer
 from boundedcode_gateway.llama_server.flags import (
     LOOPBACK,
@@ -79,7 +80,7 @@ from boundedcode_gateway.providers.openai_compat.template_checks import (
     renders_newline_before_end,
 )
 from boundedcode_gateway.upstream.capabilities import Capabilities, SystemMessages
-from boundedcode_gateway.upstream.http import HttpClient, read_body
+from boundedcode_gateway.upstream.http import HttpClient
 from boundedcode_gateway.upstream.metrics import CallMetrics
 from boundedcode_gateway.upstream.probe import ServerProbe
 
@@ -144,6 +145,7 @@ class OpenAICompatUpstream:
         self._caps_lock = asyncio.Lock()
         # a local profile's servers (one, or several: docs/scaling.md); none for a cloud API
         self._pool = _server_pool(name, profile, config, http, self._auth_headers)
+        self._api = LlamaServerAPI(http, self._headers_for)
         # the one server of a profile that names one, when the gateway runs it
         self.managed = _single_managed(self._pool)
         # the one server of a profile that names one the gateway does not run: is it
@@ -227,16 +229,18 @@ class OpenAICompatUpstream:
             await self._pool.start()
 
     async def _read_props(self) -> Capabilities | None:
+        props: dict[str, Any] | None
         try:
-            url = self._server_root() + "/props"
-            resp = await self._http.send("GET", url, self._headers_for(url), resend_safe=True)
-            raw = await read_body(resp)
+            props = await self._api.props(self._server_root())
         except GatewayError as exc:
             log.warning("model %s: cannot read /props yet: %s", self.name, exc.message)
             return None
-        if resp.status == 503:  # still loading the model
-            return None
-        props = _json_object(raw) if resp.status == 200 else None
+        except ServerRefused as exc:
+            if exc.status == 503:  # still loading the model
+                return None
+            props = None
+        except MalformedAnswer:
+            props = None
         if props is None or "chat_template_caps" not in props:
             log.info(
                 "model %s: no llama.cpp /props; treated as a local OpenAI-compatible server",
@@ -272,16 +276,14 @@ class OpenAICompatUpstream:
 
     async def _render(self, messages: list[dict[str, Any]]) -> str | None:
         """The prompt the template renders ``messages`` to; None where it refuses them."""
-        body = orjson.dumps({"messages": messages})
         try:
-            url = self._server_root() + "/apply-template"
-            headers = {"Content-Type": "application/json", **self._headers_for(url)}
-            resp = await self._http.send("POST", url, headers, body, resend_safe=True)
-            raw = await read_body(resp)
+            answer = await self._api.apply_template(self._server_root(), {"messages": messages})
         except GatewayError as exc:
             log.info("model %s: cannot render the template probe: %s", self.name, exc.message)
             return None
-        rendered = (_json_object(raw) or {}).get("prompt") if resp.status == 200 else None
+        except (ServerRefused, MalformedAnswer):
+            return None
+        rendered = answer.get("prompt")
         return rendered if isinstance(rendered, str) else None
 
     def _flags_continue(self) -> bool:
@@ -438,25 +440,20 @@ class OpenAICompatUpstream:
         if caps.system_messages == "folded":
             out["messages"] = fold_system_messages(out["messages"])[0]
         root = self._server_root()
-        prompt = (await self._post_json(root + "/apply-template", out)).get("prompt")
-        if not isinstance(prompt, str):
-            raise MalformedResponse("the server's /apply-template answered no prompt")
-        tokens = (await self._post_json(root + "/tokenize", {"content": prompt})).get("tokens")
+        try:
+            prompt = (await self._api.apply_template(root, out)).get("prompt")
+            if not isinstance(prompt, str):
+                raise MalformedResponse("the server's /apply-template answered no prompt")
+            tokens = (await self._api.tokenize(root, {"content": prompt})).get("tokens")
+        except ServerRefused as exc:
+            raise error_from_openai_compat(exc.status, exc.body, self.secrets()) from None
+        except MalformedAnswer as exc:
+            raise MalformedResponse(
+                f"the server answered {root}{exc.path} with no JSON object"
+            ) from None
         if not isinstance(tokens, list):
             raise MalformedResponse("the server's /tokenize answered no tokens")
         return len(tokens)
-
-    async def _post_json(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        """A JSON object a server answers to a request that changes nothing there."""
-        headers = {"Content-Type": "application/json", **self._headers_for(url)}
-        resp = await self._http.send("POST", url, headers, orjson.dumps(body), resend_safe=True)
-        raw = await read_body(resp)
-        if resp.status != 200:
-            raise error_from_openai_compat(resp.status, raw, self.secrets())
-        out = _json_object(raw)
-        if out is None:
-            raise MalformedResponse(f"the server answered {url} with no JSON object")
-        return out
 
     async def readiness(self) -> str | None:
         """A key the profile names is set; a managed server is healthy, another local
@@ -518,11 +515,8 @@ class OpenAICompatUpstream:
         """How many slots, how many busy, each one's context and cached tokens (None where
         the server has no ``/slots``); never a slot's prompt or text."""
         try:
-            url = root + "/slots"
-            resp = await self._http.send("GET", url, self._headers_for(url), resend_safe=True)
-            raw = await read_body(resp)
-            slots = orjson.loads(raw) if resp.status == 200 else None
-        except (GatewayError, orjson.JSONDecodeError):
+            slots = await self._api.slots(root)
+        except (GatewayError, ServerRefused, MalformedAnswer):
             return None
         if not isinstance(slots, list):
             return None
@@ -653,11 +647,3 @@ def _keep_to_own_slot(out: dict[str, Any]) -> None:
 def _needs_budget_message(body: dict[str, Any]) -> bool:
     budget = body.get("reasoning_budget_tokens")
     return isinstance(budget, int) and budget >= 0 and "reasoning_budget_message" not in body
-
-
-def _json_object(raw: bytes) -> dict[str, Any] | None:
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    return obj if isinstance(obj, dict) else None
