@@ -30,6 +30,7 @@ from boundedcode_gateway.errors import (
 )
 from boundedcode_gateway.json_values import raise_if_too_deep
 from boundedcode_gateway.llama_server.cache_keeper import AnsweredCall, CacheKeeper
+from boundedcode_gateway.llama_server.fleet import LocalFleet
 from boundedcode_gateway.llama_server.pool import ServerLease
 from boundedcode_gateway.metering.meter import Meter, derived_ttft
 from boundedcode_gateway.policy import structured
@@ -147,6 +148,7 @@ class CallFlow:
         shared: SharedState,
         meter: Meter,
         upstream: Upstream,
+        fleet: LocalFleet | None,
         keeper: CacheKeeper | None,
         body: dict[str, Any],
     ) -> None:
@@ -155,6 +157,8 @@ class CallFlow:
         self._upstream = upstream
         # the profile's key, read once: no answer, record or error of this call holds it
         self._secrets = upstream.secrets()
+        # a local profile's servers, one of which the call is leased
+        self._fleet = fleet
         self._keeper = keeper
         self._caller_body = body
         self._previous: PreviousCall | None = None
@@ -207,7 +211,10 @@ class CallFlow:
             conversation = (ctx.task, ctx.purpose, upstream.name)
             self._previous = self._shared.continuity.previous(conversation)
         caller = ctx.caller.name if ctx.caller is not None else None
-        server = self._server = upstream.server_lease(ctx.task, ctx.purpose, caller)
+        fleet = self._fleet
+        server = self._server = (
+            fleet.lease(ctx.task, ctx.purpose, caller) if fleet is not None else None
+        )
         return ChatCall(body, options, caps, schema, task_reasoning, ctx.call_id, server)
 
     # -- sending

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from boundedcode_gateway.errors import GatewayError
-from boundedcode_gateway.llama_server.cache_keeper import CacheServer
 from boundedcode_gateway.llama_server.pool import ServerLease
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.policy.structured import RequestedSchema
@@ -141,10 +140,6 @@ class Upstream(Protocol):
         """The form a JSON schema takes in this provider's request (remembered if refused)."""
         ...
 
-    async def start(self) -> None:
-        """Bring up what the profile runs itself (a managed server); no-op otherwise."""
-        ...
-
     async def capabilities(self) -> Capabilities:
         """What this profile's model supports (may ask the upstream once)."""
         ...
@@ -180,41 +175,11 @@ class Upstream(Protocol):
         """Map the provider's error answer to the gateway's error tree."""
         ...
 
-    def cache_server(self) -> CacheServer | None:
-        """The server's cache to follow after each answer; None where it cannot be read."""
-        ...
-
-    async def count_tokens(self, body: dict[str, Any]) -> int | None:
-        """The tokens of the prompt a chat-completions ``body`` renders to, counted by the
-        upstream (a llama.cpp server); None where the upstream cannot count them."""
-        ...
-
-    def server_lease(
-        self, task: str, purpose: str, caller: str | None = None
-    ) -> ServerLease | None:
-        """The server a call of (task, purpose) by ``caller`` (its key's name) goes to,
-        held until the call ends (a local profile's; None for a cloud API)."""
-        ...
-
     async def readiness(self) -> str | None:
-        """None when the profile can take calls now, else why not (cheap: at most one
-        short probe of the upstream, its answer kept for a moment)."""
-        ...
-
-    def server_restarts(self) -> int | None:
-        """How often the profile's managed llama-server was started again after it
-        exited; None for a profile without one."""
-        ...
-
-    async def servers(self) -> list[dict[str, Any]]:
-        """The servers behind the profile as an operator is shown them (a local server's
-        state and slots; none for a cloud API): no key, no prompt."""
+        """None when the profile can take calls now, else why not (cheap: its key is set;
+        a local profile's servers at most one short probe, its answer kept for a moment)."""
         ...
 
     def secrets(self) -> tuple[str, ...]:
         """What must never reach a caller, a record or a log: the profile's API key."""
-        ...
-
-    async def close(self) -> None:
-        """Release what the adapter holds."""
         ...
