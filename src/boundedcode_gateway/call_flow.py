@@ -211,11 +211,11 @@ class CallFlow:
             conversation = (ctx.task, ctx.purpose, upstream.name)
             self._previous = self._shared.continuity.previous(conversation)
         caller = ctx.caller.name if ctx.caller is not None else None
+        # the call's server is leased before any request is made of it; its server is
+        # chosen when the first request is sent (from its size)
         fleet = self._fleet
-        server = self._server = (
-            fleet.lease(ctx.task, ctx.purpose, caller) if fleet is not None else None
-        )
-        return ChatCall(body, options, caps, schema, task_reasoning, ctx.call_id, server)
+        self._server = fleet.lease(ctx.task, ctx.purpose, caller) if fleet is not None else None
+        return ChatCall(body, options, caps, schema, task_reasoning, ctx.call_id)
 
     # -- sending
 
@@ -253,9 +253,11 @@ class CallFlow:
         except TypeError:
             raise_if_too_deep(call.body)
             raise
+        # where it goes, before what the adapter changed counts: no server up, no request
+        http = self._shared.http
+        attempts = Attempts(http, self._upstream, prepared, self._log, server=self._server)
         self._adjustments.update(prepared.adjustments)
         self._sent = prepared.body
-        attempts = Attempts(self._shared.http, self._upstream, prepared, self._log)
         if call.options.stream:
             return await self._open_stream(call, attempts)
         return await self._answer_whole(call, attempts)
@@ -337,8 +339,8 @@ class CallFlow:
                 log.warning(
                     "model %s: the reply does not match the schema it was sent", upstream.name
                 )
-        if call.server is not None:
-            call.server.answered(metrics)
+        if self._server is not None:
+            self._server.answered(metrics)
         if self._keeper is not None:
             self._follow_cache(self._keeper, call, metrics)
 
@@ -347,7 +349,7 @@ class CallFlow:
         and hand the answer to the keeper."""
         ctx, profile = self._meter.ctx, self._upstream.name
         miss = classify(self._previous, metrics.prompt_tokens, metrics.cached_tokens, self._changed)
-        server = call.server
+        server = self._server
         moved = server.moved if server is not None else None
         if miss is not None and moved is not None and miss.cause not in MOVED_NOT_MISSED:
             # the server that held the conversation was left: nothing else explains it

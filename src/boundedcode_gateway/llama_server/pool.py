@@ -370,18 +370,20 @@ class ServerLease:
         """The credentials of the server ``url`` is on (after a failover, the new one's)."""
         return self._pool.headers_for(url)
 
-    async def moved_url(self, url: str) -> str | None:
-        """After a failed send or an answer that broke off: if the server is down, the same
-        request's URL on another server that is up (once per call); None to stay."""
+    async def moved_root(self) -> str | None:
+        """After a failed send or an answer that broke off: if the server is down, the root
+        of another server that is up, which the call now holds (once per call); None to
+        stay."""
         pool, index = self._pool, self._index
         if self._moved or index is None or not pool.several:
             return None
         member = pool.members[index]
         try:
-            old_root = member.root()
+            member.root()
+            running = True
         except UpstreamUnavailable:
-            old_root = None
-        if old_root is not None and await pool.probe(member):
+            running = False
+        if running and await pool.probe(member):
             return None  # it is up: the failure was the answer's, not the server's
         try:
             choice = pool.routing.choose(self._key, 0)
@@ -389,10 +391,7 @@ class ServerLease:
             return None
         self._moved = True
         self._take(choice.index, "failover")
-        new_root = pool.members[choice.index].root()
-        if old_root is not None and url.startswith(old_root):
-            return new_root + url[len(old_root) :]
-        return new_root + url[url.index("/", url.index("//") + 2) :]
+        return pool.members[choice.index].root()
 
     def answered(self, metrics: CallMetrics) -> None:
         """The answer's timings: what the server now holds of the conversation, its speed."""

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from boundedcode_gateway.errors import GatewayError
-from boundedcode_gateway.llama_server.pool import ServerLease
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.policy.structured import RequestedSchema
 from boundedcode_gateway.reasoning_store.backend import CallReasoning
@@ -55,23 +54,20 @@ class ChatCall:
     # the task's stored reasoning, where earlier turns are looked up
     reasoning: CallReasoning
     call_id: str
-    # a local call's server (of a pool, chosen when the request is made); None for a cloud API
-    server: ServerLease | None = None
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class PreparedRequest:
-    """One HTTP request to an upstream, ready to send."""
+    """One HTTP request to an upstream, translated: its path, joined to where the call goes
+    (the profile's ``base_url``, or the root of the local server the call was leased)."""
 
-    url: str
+    path: str
     headers: dict[str, str]
     body: bytes
     # a resend on a fresh connection cannot do the work twice (idempotency key)
     resend_safe: bool = False
     # what the adapter changed on its own account, for the call log (``adjustments``)
     adjustments: dict[str, Any] = field(default_factory=dict)
-    # the server it goes to, which may send it to another once (failover)
-    server: ServerLease | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,13 +136,19 @@ class Upstream(Protocol):
         """The form a JSON schema takes in this provider's request (remembered if refused)."""
         ...
 
+    @property
+    def base_url(self) -> str:
+        """What the paths of its requests are joined to (a local profile's are joined to
+        the root of the server each call is leased instead)."""
+        ...
+
     async def capabilities(self) -> Capabilities:
         """What this profile's model supports (may ask the upstream once)."""
         ...
 
     def prepare(self, call: ChatCall, send_schema: bool) -> PreparedRequest:
         """Translate the caller's request into the provider's (with the requested schema only
-        when ``send_schema``)."""
+        when ``send_schema``): its path, headers and body; where it goes is not its to say."""
         ...
 
     def learn_from_refusal(self, status: int, message: str) -> bool:

@@ -50,6 +50,10 @@ class TranslatingUpstream:
     def schema_form(self) -> str:
         return self.SCHEMA_FORM
 
+    @property
+    def base_url(self) -> str:
+        return self._profile.upstream_base_url
+
     async def capabilities(self) -> Capabilities:
         return self.CAPABILITIES
 

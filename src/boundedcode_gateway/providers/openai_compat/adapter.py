@@ -123,6 +123,10 @@ class OpenAICompatUpstream:
     def schema_form(self) -> str:
         return "response_format"
 
+    @property
+    def base_url(self) -> str:
+        return self._profile.upstream_base_url
+
     def _assumed(self) -> Capabilities:
         d = self._dialect
         return Capabilities(
@@ -164,11 +168,6 @@ class OpenAICompatUpstream:
         else:
             refusal = None
         return capabilities_from_traits(traits, takes, refusal, self._profile.takes_media_urls)
-
-    def _chat_url(self, call: ChatCall, request_bytes: int) -> str:
-        if call.server is not None:
-            return call.server.root(request_bytes) + "/v1/chat/completions"
-        return self._profile.upstream_base_url + "/chat/completions"
 
     def _continues(self) -> bool:
         caps = self._caps
@@ -222,21 +221,21 @@ class OpenAICompatUpstream:
             out["reasoning_budget_message"] = self._budget_message
             adjustments["reasoning_budget_message"] = self._budget_message
         body = orjson.dumps(out)
-        url = self._chat_url(call, len(body))
-        # a managed server's key where one listens there, else the profile's
-        auth = call.server.headers_for(url) if call.server is not None else self._auth_headers()
-        headers = {"Content-Type": "application/json", **auth}
+        headers = {"Content-Type": "application/json"}
+        if self._servers is None:
+            # a local server's credentials are those of the server the call goes to
+            headers.update(self._auth_headers())
         if stream:
             headers["Accept"] = "text/event-stream"
         if self._dialect.idempotency_key:
             headers["Idempotency-Key"] = call.call_id
         return PreparedRequest(
-            url=url,
+            # a local server's root has the API under /v1; a cloud's base URL names it
+            path="/v1/chat/completions" if self._servers is not None else "/chat/completions",
             headers=headers,
             body=body,
             resend_safe=self._dialect.idempotency_key,
             adjustments=adjustments,
-            server=call.server,
         )
 
     def _auth_headers(self) -> dict[str, str]:
