@@ -32,6 +32,7 @@ from boundedcode_gateway.live_config import (
     restart_only_changes,
     route_changes,
 )
+from boundedcode_gateway.llama_server.fleet import LocalFleet
 from boundedcode_gateway.locations import describe, explain
 from boundedcode_gateway.metering.bus import RecordBus
 from boundedcode_gateway.metering.calllog import read_tail
@@ -184,6 +185,11 @@ class GatewayApp:
         """The upstream of each model profile new calls go to."""
         return self.service.upstreams
 
+    @property
+    def fleets(self) -> dict[str, LocalFleet]:
+        """The servers of each local profile new calls go to."""
+        return self.service.live.fleets
+
     async def startup(self) -> None:
         """Check the ledger can be written (a database server's), start the record bus and the
         meter writer and learn each model's capabilities (failures to learn them are not
@@ -296,7 +302,7 @@ class GatewayApp:
         try:
             await _start(fresh)
         except BaseException:
-            await asyncio.gather(*(r.upstream.close() for r in fresh), return_exceptions=True)
+            await asyncio.gather(*(r.close() for r in fresh), return_exceptions=True)
             raise
         self.service.use(new)
         # an open page's event stream is let in again by the new keys, or ended
@@ -401,8 +407,9 @@ def _refused(reason: str) -> ReloadResult:
 async def _start(routes: Iterable[Route]) -> None:
     """Start what the profiles run themselves and learn their capabilities (a failure to
     learn them is not fatal: they are asked again on the next call)."""
+    routes = list(routes)
+    await asyncio.gather(*(r.start() for r in routes))
     upstreams = [r.upstream for r in routes]
-    await asyncio.gather(*(u.start() for u in upstreams))
     results = await asyncio.gather(*(u.capabilities() for u in upstreams), return_exceptions=True)
     for upstream, result in zip(upstreams, results, strict=True):
         if isinstance(result, BaseException):

@@ -2,15 +2,18 @@
 
 Owns the attempt count and the per-attempt log of a call, and the one rule for
 an answer that broke off (streamed, or a whole body cut short): it is sent once
-more, and a second break is final. A call to a server of a pool whose server is
-found down, when it could not be reached or its answer broke off, goes once to
-another server first (``failover``). The retry decisions themselves are in
-``policy/retry.py``.
+more, and a second break is final. Where a request goes is joined here: its path
+under the profile's base URL, or under the root of the local server the call was
+leased. A call to a server of a pool whose server is found down, when it could not
+be reached or its answer broke off, goes once to another server first
+(``failover``): the lease moves, and the request goes to where it now points. The
+retry decisions themselves are in ``policy/retry.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -23,6 +26,7 @@ from boundedcode_gateway.errors import (
     ResponseTooLarge,
     UpstreamUnavailable,
 )
+from boundedcode_gateway.llama_server.pool import ServerLease
 from boundedcode_gateway.policy.retry import decide, retry_after_s
 from boundedcode_gateway.providers.base import PreparedRequest, Upstream
 from boundedcode_gateway.upstream.http import HttpClient, UpstreamResponse, read_body
@@ -47,7 +51,11 @@ class AttemptLog:
 
 
 class Attempts:
-    """The sends of one prepared request; each outcome goes into the call's attempt log."""
+    """The sends of one prepared request; each outcome goes into the call's attempt log.
+
+    ``server``: the local server the call was leased (None for a cloud API); its server
+    is chosen here, from the request's size, unless the call's earlier requests chose it.
+    """
 
     def __init__(
         self,
@@ -56,6 +64,9 @@ class Attempts:
         prepared: PreparedRequest,
         log: AttemptLog,
         sleep: Sleep = asyncio.sleep,
+        *,
+        server: ServerLease | None = None,
+        root: str | None = None,
     ) -> None:
         self._http = http
         self._upstream = upstream
@@ -64,14 +75,44 @@ class Attempts:
         self._sleep = sleep
         self._started = time.monotonic()
         self._resends = 0
+        self._server = server
+        if root is None:
+            root = server.root(len(prepared.body)) if server is not None else upstream.base_url
+        self._root = root
+        self._headers = self._headers_there()
+        # pinned to a slot of the call's own, under cache isolation
+        self._body = prepared.body
 
     @property
     def prepared(self) -> PreparedRequest:
-        return self._prepared
+        """The request as last sent (pinned to its slot, where the call holds one)."""
+        return dataclasses.replace(self._prepared, body=self._body)
+
+    @property
+    def url(self) -> str:
+        return self._root + self._prepared.path
+
+    def _headers_there(self) -> dict[str, str]:
+        """The request's headers with the credentials of the server it goes to (a managed
+        server's key is its alone), never another's."""
+        headers = self._prepared.headers
+        if self._server is None:
+            return headers
+        kept = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+        return {**kept, **self._server.headers_for(self.url)}
 
     def for_request(self, prepared: PreparedRequest) -> Attempts:
-        """The sends of another request for the same call: one log, budget and clock."""
-        other = Attempts(self._http, self._upstream, prepared, self._log, self._sleep)
+        """The sends of another request for the same call: one log, budget and clock, and
+        the server the call is on now."""
+        other = Attempts(
+            self._http,
+            self._upstream,
+            prepared,
+            self._log,
+            self._sleep,
+            server=self._server,
+            root=self._root,
+        )
         other._started = self._started
         return other
 
@@ -99,17 +140,17 @@ class Attempts:
         p = self._prepared
         while True:
             self._log.count += 1
-            if p.server is not None:
+            if self._server is not None:
                 # under cache isolation: in a slot of the call's own (after a failover, on
                 # the new server)
                 try:
-                    p.body = await p.server.pinned(p.body)
+                    self._body = await self._server.pinned(self._body)
                 except GatewayError as exc:
                     self.log(exc.http_status, exc.code)
                     raise
             try:
                 resp = await self._http.send(
-                    "POST", p.url, p.headers, p.body, resend_safe=p.resend_safe
+                    "POST", self.url, self._headers, self._body, resend_safe=p.resend_safe
                 )
             except GatewayError as exc:
                 if isinstance(exc, UpstreamUnavailable) and await self._failed_over():
@@ -139,16 +180,13 @@ class Attempts:
 
     async def _failed_over(self) -> bool:
         """Whether the request now goes to another server of the pool, its own being down."""
-        p = self._prepared
-        if p.server is None:
+        if self._server is None:
             return False
-        url = await p.server.moved_url(p.url)
-        if url is None:
+        root = await self._server.moved_root()
+        if root is None:
             return False
-        p.url = url
-        # the other server's own key (a managed server's is its alone), never the first's
-        kept = {k: v for k, v in p.headers.items() if k.lower() != "authorization"}
-        p.headers = {**kept, **p.server.headers_for(url)}
+        self._root = root
+        self._headers = self._headers_there()
         self._log.retried = True
         return True
 

@@ -30,6 +30,7 @@ from boundedcode_gateway.errors import (
 )
 from boundedcode_gateway.json_values import raise_if_too_deep
 from boundedcode_gateway.llama_server.cache_keeper import AnsweredCall, CacheKeeper
+from boundedcode_gateway.llama_server.fleet import LocalFleet
 from boundedcode_gateway.llama_server.pool import ServerLease
 from boundedcode_gateway.metering.meter import Meter, derived_ttft
 from boundedcode_gateway.policy import structured
@@ -147,6 +148,7 @@ class CallFlow:
         shared: SharedState,
         meter: Meter,
         upstream: Upstream,
+        fleet: LocalFleet | None,
         keeper: CacheKeeper | None,
         body: dict[str, Any],
     ) -> None:
@@ -155,6 +157,8 @@ class CallFlow:
         self._upstream = upstream
         # the profile's key, read once: no answer, record or error of this call holds it
         self._secrets = upstream.secrets()
+        # a local profile's servers, one of which the call is leased
+        self._fleet = fleet
         self._keeper = keeper
         self._caller_body = body
         self._previous: PreviousCall | None = None
@@ -207,8 +211,11 @@ class CallFlow:
             conversation = (ctx.task, ctx.purpose, upstream.name)
             self._previous = self._shared.continuity.previous(conversation)
         caller = ctx.caller.name if ctx.caller is not None else None
-        server = self._server = upstream.server_lease(ctx.task, ctx.purpose, caller)
-        return ChatCall(body, options, caps, schema, task_reasoning, ctx.call_id, server)
+        # the call's server is leased before any request is made of it; its server is
+        # chosen when the first request is sent (from its size)
+        fleet = self._fleet
+        self._server = fleet.lease(ctx.task, ctx.purpose, caller) if fleet is not None else None
+        return ChatCall(body, options, caps, schema, task_reasoning, ctx.call_id)
 
     # -- sending
 
@@ -246,9 +253,11 @@ class CallFlow:
         except TypeError:
             raise_if_too_deep(call.body)
             raise
+        # where it goes, before what the adapter changed counts: no server up, no request
+        http = self._shared.http
+        attempts = Attempts(http, self._upstream, prepared, self._log, server=self._server)
         self._adjustments.update(prepared.adjustments)
         self._sent = prepared.body
-        attempts = Attempts(self._shared.http, self._upstream, prepared, self._log)
         if call.options.stream:
             return await self._open_stream(call, attempts)
         return await self._answer_whole(call, attempts)
@@ -330,8 +339,8 @@ class CallFlow:
                 log.warning(
                     "model %s: the reply does not match the schema it was sent", upstream.name
                 )
-        if call.server is not None:
-            call.server.answered(metrics)
+        if self._server is not None:
+            self._server.answered(metrics)
         if self._keeper is not None:
             self._follow_cache(self._keeper, call, metrics)
 
@@ -340,7 +349,7 @@ class CallFlow:
         and hand the answer to the keeper."""
         ctx, profile = self._meter.ctx, self._upstream.name
         miss = classify(self._previous, metrics.prompt_tokens, metrics.cached_tokens, self._changed)
-        server = call.server
+        server = self._server
         moved = server.moved if server is not None else None
         if miss is not None and moved is not None and miss.cause not in MOVED_NOT_MISSED:
             # the server that held the conversation was left: nothing else explains it

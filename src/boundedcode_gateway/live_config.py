@@ -1,11 +1,11 @@
 """Everything the gateway derives from its configuration file, as one value swapped whole.
 
 ``LiveConfig`` holds the configuration and what is built from it: one ``Route`` (the
-profile's upstream, and the calls on it) per model profile. A reload builds a new
-``LiveConfig`` next to the running one, keeping each route whose profile did not
-change (a managed llama-server keeps running); the service then serves new calls from
-the new one in a single assignment. Anything else derived from the configuration
-belongs here too, so that a reload swaps it with the rest.
+profile's upstream, a local profile's servers, and the calls on it) per model profile.
+A reload builds a new ``LiveConfig`` next to the running one, keeping each route whose
+profile did not change (a managed llama-server keeps running); the service then serves
+new calls from the new one in a single assignment. Anything else derived from the
+configuration belongs here too, so that a reload swaps it with the rest.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from boundedcode_gateway.access.authenticate import Authenticator
 from boundedcode_gateway.access.sites import DEFAULT_LISTEN_HOST, SitePolicy
 from boundedcode_gateway.access.token_secret import TokenSecrets, token_secrets
 from boundedcode_gateway.config import GatewayConfig, ModelProfile, PriceSettings
+from boundedcode_gateway.llama_server.fleet import LocalFleet, local_fleet
 from boundedcode_gateway.providers.base import Upstream
+from boundedcode_gateway.providers.openai_compat.adapter import OpenAICompatUpstream
 from boundedcode_gateway.providers.registry import build_upstream
 from boundedcode_gateway.upstream.http import HttpClient
 
@@ -46,16 +48,35 @@ RESTART_ONLY: tuple[tuple[str, ...], ...] = (
 
 
 class Route:
-    """One model profile's upstream, what it was built from, and the calls on it now."""
+    """One model profile's upstream, its servers where it runs on local ones, what they were
+    built from, and the calls on it now."""
 
-    __slots__ = ("_idle", "in_flight", "inputs", "name", "upstream")
+    __slots__ = ("_idle", "fleet", "in_flight", "inputs", "name", "upstream")
 
-    def __init__(self, name: str, upstream: Upstream, inputs: tuple[object, ...]) -> None:
+    def __init__(
+        self,
+        name: str,
+        upstream: Upstream,
+        inputs: tuple[object, ...],
+        fleet: LocalFleet | None = None,
+    ) -> None:
         self.name = name
         self.upstream = upstream
         self.inputs = inputs
+        # a local profile's servers (None for a cloud API)
+        self.fleet = fleet
         self.in_flight = 0
         self._idle: asyncio.Event | None = None
+
+    async def start(self) -> None:
+        """Start what the profile runs itself (its managed llama-servers, a pool's probes)."""
+        if self.fleet is not None:
+            await self.fleet.start()
+
+    async def close(self) -> None:
+        """Release what the profile holds (its servers, their cache keeper's follow-ups)."""
+        if self.fleet is not None:
+            await self.fleet.close()
 
     def enter(self) -> None:
         """A call on this route began (its record's submission ends it: ``leave``)."""
@@ -102,6 +123,11 @@ class LiveConfig:
     def upstreams(self) -> dict[str, Upstream]:
         return {name: route.upstream for name, route in self.routes.items()}
 
+    @property
+    def fleets(self) -> dict[str, LocalFleet]:
+        """The servers of each local profile."""
+        return {n: r.fleet for n, r in self.routes.items() if r.fleet is not None}
+
     def price_of(self, model: str) -> PriceSettings | None:
         """The price of a profile's calls (None: unpriced, or no such profile)."""
         profile = self.config.models.get(model)
@@ -140,8 +166,25 @@ def build_live_config(
         if kept is not None and kept.inputs == inputs:
             routes[name] = kept
         else:
-            routes[name] = Route(name, build_upstream(name, profile, config, http), inputs)
+            routes[name] = build_route(name, profile, config, http, inputs)
     return LiveConfig(config, routes, sites, authenticator)
+
+
+def build_route(
+    name: str,
+    profile: ModelProfile,
+    config: GatewayConfig,
+    http: HttpClient,
+    inputs: tuple[object, ...] = (),
+) -> Route:
+    """A profile's route, built, not started: a local profile's servers, and the adapter
+    that is handed their traits and makes the request whose prompt they count."""
+    fleet = local_fleet(name, profile, config, http)
+    if fleet is None:
+        return Route(name, build_upstream(name, profile, config, http), inputs)
+    adapter = OpenAICompatUpstream(name, profile, config, http, fleet)
+    fleet.counts_with(adapter.token_count_request, adapter.error_from_response)
+    return Route(name, adapter, inputs, fleet)
 
 
 def restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:

@@ -85,8 +85,6 @@ class GatewayService:
         if events is not None:
             writer.subscribe("the page of calls", events.finished)
         self._events = events
-        # by upstream: a changed profile's new upstream gets a keeper of its own
-        self._keepers: dict[Upstream, CacheKeeper] = {}
         # routes a reload took out, until the calls on them end
         self._retiring: dict[Route, asyncio.Task[None]] = {}
 
@@ -134,7 +132,8 @@ class GatewayService:
         timeout: asyncio.Timeout | None = None
         try:
             upstream = self._admitted(route, model, ctx)
-            flow = CallFlow(self._shared, meter, upstream, self.keeper(upstream), body)
+            assert route is not None
+            flow = CallFlow(self._shared, meter, upstream, route.fleet, self._keeper(route), body)
             if deadline is None:
                 answer = await flow.run()
             else:
@@ -175,9 +174,11 @@ class GatewayService:
         meter = Meter(self._writer, ctx, model, len(body["messages"]), None, on_submit)
         _resolved(meter, route)
         try:
-            upstream = self._admitted(route, model, ctx)
+            self._admitted(route, model, ctx)
+            assert route is not None
             meter.record.attempts = 1
-            tokens = await upstream.count_tokens(body)
+            fleet = route.fleet
+            tokens = await fleet.count_tokens(body) if fleet is not None else None
             if tokens is None:
                 raise _count_not_supported(model)
         except GatewayError as exc:
@@ -225,21 +226,19 @@ class GatewayService:
 
     @property
     def keepers(self) -> dict[Upstream, CacheKeeper]:
-        """The cache keepers made so far, by upstream."""
-        return self._keepers
+        """The cache keepers made so far, by upstream (a route still retiring's too)."""
+        return {
+            route.upstream: route.fleet.cache_keeper
+            for route in self.routes()
+            if route.fleet is not None and route.fleet.cache_keeper is not None
+        }
 
-    def keeper(self, upstream: Upstream) -> CacheKeeper | None:
-        """The cache keeper of a profile whose server's cache can be read (made on first use)."""
-        keeper = self._keepers.get(upstream)
-        if keeper is None:
-            server = upstream.cache_server()
-            if server is None:
-                return None
-            keeper = CacheKeeper(
-                upstream.name, server, self._http, self._writer, self.live.price_of(upstream.name)
-            )
-            self._keepers[upstream] = keeper
-        return keeper
+    def _keeper(self, route: Route) -> CacheKeeper | None:
+        """The cache keeper of a profile whose servers' cache can be read (made on first
+        use; a changed profile's new route gets one of its own)."""
+        if route.fleet is None:
+            return None
+        return route.fleet.keeper(self._writer, self.live.price_of(route.name))
 
     def use(self, live: LiveConfig) -> None:
         """Serve new calls from ``live``; a route it does not keep is closed once the calls
@@ -247,7 +246,7 @@ class GatewayService:
         kept = set(live.routes.values())
         old, self.live = self.live, live
         # a price is not part of a route: a kept route's cache repairs take the new one
-        for upstream, keeper in self._keepers.items():
+        for upstream, keeper in self.keepers.items():
             keeper.price = live.price_of(upstream.name)
         for route in old.routes.values():
             if route not in kept and route not in self._retiring:
@@ -266,10 +265,7 @@ class GatewayService:
         log.info("model %s: the upstream of its previous configuration is closed", route.name)
 
     async def _close_route(self, route: Route) -> None:
-        keeper = self._keepers.pop(route.upstream, None)
-        if keeper is not None:
-            await keeper.close()
-        await route.upstream.close()
+        await route.close()
 
     async def close(self) -> None:
         """Stop the follow-ups still running, then close every upstream (before the writer
@@ -280,18 +276,19 @@ class GatewayService:
         for _, task in retiring:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for keeper in self._keepers.values():
+        routes = [*self.live.routes.values(), *(r for r, _ in retiring)]
+        for keeper in self.keepers.values():
             await keeper.close()
-        for route in [*self.live.routes.values(), *(r for r, _ in retiring)]:
-            await route.upstream.close()
+        for route in routes:
+            await route.close()
 
     async def servers_of(self, model: str) -> list[dict[str, Any]] | None:
         """The servers behind a live local profile as an operator is shown them (no key, no
         prompt); None for a cloud API or a name no live profile has."""
         route = self.live.routes.get(model)
-        if route is None or route.upstream.provider != "local":
+        if route is None or route.fleet is None:
             return None
-        return await route.upstream.servers()
+        return await route.fleet.servers()
 
     def structured_output_refused(self, upstream: Upstream) -> bool:
         """Whether this profile's upstream refused a schema in its form (for the process's life)."""

@@ -47,7 +47,7 @@ def test_a_killed_server_goes_from_ready_to_restarting_and_back(
 
     page.wait_for_selector(f"{SERVER}[data-state='ready']")
     pid = int(page.get_attribute(SERVER, "data-pid") or 0)
-    assert pid == gw.app.upstreams["managed"].managed.pid  # type: ignore[attr-defined]
+    assert pid == gw.app.fleets["managed"].managed.pid  # type: ignore[union-attr]
     assert page.text_content(f"{SERVER} [data-field='restarts'] dd") == "0"
     assert page.text_content(f"{SERVER} .badge") == "ready"
     assert "--port" in (page.text_content(f"{SERVER} .argv code") or "")

@@ -234,8 +234,7 @@ def test_a_server_with_every_slot_taken_sheds_a_task_to_an_idle_one(
 
 
 def _busy(gw: Gateway, index: int) -> bool:
-    upstream: Any = gw.app.upstreams["pool"]
-    state = upstream._pool.members[index].state
+    state = gw.app.fleets["pool"].pool.members[index].state
     return bool(state.busy)
 
 
@@ -275,8 +274,7 @@ def test_managed_replicas_run_as_one_pool_and_a_killed_one_starts_again(
         turn(gw, task, messages)
     homes = {c["task"]: c["server"] for c in gw.calls()}
     assert sorted(homes.values()) == names
-    upstream: Any = gw.app.upstreams["pool"]
-    killed = upstream._pool.members[0].managed
+    killed: Any = gw.app.fleets["pool"].pool.members[0].managed
     pid = killed.pid
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30

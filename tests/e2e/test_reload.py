@@ -255,7 +255,7 @@ def alive(pid: int) -> bool:
 
 
 def managed_pid(fg: FileGateway, name: str) -> int:
-    pid = fg.app.upstreams[name].managed.pid  # type: ignore[attr-defined]
+    pid = fg.app.fleets[name].managed.pid  # type: ignore[union-attr]
     assert isinstance(pid, int)
     return pid
 

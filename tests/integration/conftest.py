@@ -120,8 +120,9 @@ def start_real_gateway(data_dir: Path, profiles: dict[str, Any], managed: bool =
     text = yaml.safe_dump({"data_dir": str(data_dir), "models": profiles})
     app = create_app(parse_config(text))
     server = serve_in_thread(app, lifespan="on", startup_timeout=180)
-    for name, upstream in app.upstreams.items() if managed else ():
-        server_of = getattr(upstream, "managed", None)
+    for name in app.upstreams if managed else ():
+        fleet = app.fleets.get(name)
+        server_of = fleet.managed if fleet is not None else None
         assert server_of is not None and server_of.ready, f"llama-server for {name} did not start"
     return Gateway(app, server, data_dir)
 
@@ -135,7 +136,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 
 
 def managed_pid(gw: Gateway, name: str) -> int:
-    pid = gw.app.upstreams[name].managed.pid  # type: ignore[attr-defined]
+    pid = gw.app.fleets[name].managed.pid  # type: ignore[union-attr]
     assert pid is not None
     return int(pid)
 
@@ -148,7 +149,7 @@ SERVER_KEYS: dict[str, dict[str, str]] = {}
 def server_url(gw: Gateway, name: str) -> str:
     """The real llama-server's own address, to talk to it without the gateway
     (``direct_get`` and its kin then send its key)."""
-    managed = gw.app.upstreams[name].managed  # type: ignore[attr-defined]
+    managed: Any = gw.app.fleets[name].managed
     root = str(managed.base_url())
     SERVER_KEYS[root] = dict(managed.auth_headers())
     return root

@@ -131,7 +131,7 @@ def test_under_isolation_further_choices_are_refused(gw: Gateway) -> None:
 
 
 def test_an_isolated_server_runs_without_a_shared_host_cache(gw: Gateway) -> None:
-    managed = gw.app.upstreams["isolated"].managed  # type: ignore[attr-defined]
+    managed: Any = gw.app.fleets["isolated"].managed
     proc_argv = Path(f"/proc/{managed.pid}/cmdline").read_bytes().split(b"\0")
     at = proc_argv.index(b"--cache-ram")
     assert proc_argv[at + 1] == b"0"

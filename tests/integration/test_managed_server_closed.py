@@ -7,6 +7,7 @@ command line."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -37,7 +38,7 @@ def test_the_managed_server_refuses_what_comes_without_its_key(
     profile = {"provider": "local", "model_path": MODEL, "server": {"ctx_size": 1024}}
     gw = start_real_gateway(tmp_path, {"smol": profile})
     try:
-        managed = gw.app.upstreams["smol"].managed  # type: ignore[attr-defined]
+        managed: Any = gw.app.fleets["smol"].managed
         root, pid = managed.base_url(), managed.pid
         ask = {"role": "user", "content": f"Remember the password {SECRET}. Say ok."}
         answer = httpx.post(

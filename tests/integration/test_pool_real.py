@@ -34,8 +34,8 @@ def run_tasks(data_dir: Path, routing: str) -> list[dict[str, Any]]:
     }
     gw = start_real_gateway(data_dir, {"pool": profile}, managed=False)
     try:
-        upstream: Any = gw.app.upstreams["pool"]
-        assert all(m.managed.ready for m in upstream._pool.members)
+        members: Any = gw.app.fleets["pool"].pool.members
+        assert all(m.managed.ready for m in members)
         return converse(gw)
     finally:
         gw.stop()

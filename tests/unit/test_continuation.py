@@ -8,11 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
+from boundedcode_gateway.llama_server.flags import server_flags_continue
 from boundedcode_gateway.providers.base import PartialAnswer, RequestOptions
-from boundedcode_gateway.providers.openai_compat.continuation import (
-    continuation_body,
-    server_flags_continue,
-)
+from boundedcode_gateway.providers.openai_compat.continuation import continuation_body
 from boundedcode_gateway.providers.openai_compat.stream import OpenAIStreamTranslator
 
 ASK = [{"role": "user", "content": "hi"}]

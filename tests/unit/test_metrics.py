@@ -182,7 +182,7 @@ def test_states_are_read_when_scraped(
     local = next(r for r in table.list if r.name == "local")
     local.enter()
     local.enter()
-    monkeypatch.setattr(local.upstream, "server_restarts", lambda: 3)
+    monkeypatch.setattr(local.fleet, "restarts", lambda: 3)
     for n in range(3):  # the writer is not started: two wait, the third is dropped
         writer.submit(record(call_id=f"call_{n}"))
     found = samples(metrics)

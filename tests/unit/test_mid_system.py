@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from boundedcode_gateway.llama_server.template_checks import renders_mid_system
 from boundedcode_gateway.policy.mid_system import fold_system_messages, marked
-from boundedcode_gateway.providers.openai_compat.template_checks import renders_mid_system
 
 
 def sys(text: str) -> dict[str, Any]:

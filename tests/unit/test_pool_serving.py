@@ -97,7 +97,7 @@ def test_a_pool_of_one_never_routes_nor_moves() -> None:
     assert lease.root(10) == "http://only"
 
     async def work() -> None:
-        assert await lease.moved_url("http://only/v1/chat/completions") is None
+        assert await lease.moved_root() is None
 
     run(pool, work)
 
@@ -121,13 +121,13 @@ def test_a_dead_server_is_left_once_for_one_that_is_up(
         lease = pool.lease(KEY)
         pool.members[0].state.answered(KEY, 0, 100, 10)  # the conversation's home
         assert lease.root(400) == dead
-        url = await lease.moved_url(dead + "/v1/chat/completions")
-        assert url == running[0].url + "/v1/chat/completions"
+        root = await lease.moved_root()
+        assert root == running[0].url
         assert lease.moved == "failover"
         assert not pool.members[0].state.healthy
         assert [m.state.in_flight for m in pool.members] == [0, 1, 0]
         # once per call
-        assert await lease.moved_url(url) is None
+        assert await lease.moved_root() is None
 
     run(pool, work)
 
@@ -140,8 +140,8 @@ def test_a_server_that_is_up_is_not_left_after_a_failed_answer(
 
     async def work() -> None:
         lease = pool.lease(KEY)
-        root = lease.root(10)
-        assert await lease.moved_url(root + "/v1/chat/completions") is None
+        lease.root(10)
+        assert await lease.moved_root() is None
         assert lease.reason == "new" and lease.moved is None
 
     run(pool, work)

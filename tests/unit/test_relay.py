@@ -67,8 +67,8 @@ class Harness:
         meter = Meter(self.writer, ctx, "gpt")
         log = AttemptLog()
         self.logs.append(log)
-        prepared = PreparedRequest(self.server.url + "/v1/chat/completions", {}, b"{}")
-        attempts = Attempts(self.http, upstream, prepared, log, _no_wait)
+        prepared = PreparedRequest("/v1/chat/completions", {}, b"{}")
+        attempts = Attempts(self.http, upstream, prepared, log, _no_wait, root=self.server.url)
 
         def on_end(error: GatewayError | None, cancelled: bool) -> None:
             # the call's outcome goes to its meter as the call flow's end sends it

@@ -31,6 +31,7 @@ from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.config import PriceSettings
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.json_values import count_or_none
+from boundedcode_gateway.llama_server.api import LlamaServerAPI, ServerRefused
 from boundedcode_gateway.llama_server.pool import SlotHold
 from boundedcode_gateway.metering.bus import RecordSink
 from boundedcode_gateway.metering.meter import Meter
@@ -44,7 +45,7 @@ from boundedcode_gateway.policy.cache_misses import (
     token_ends_after,
 )
 from boundedcode_gateway.policy.media import media_parts
-from boundedcode_gateway.upstream.http import HttpClient, read_body
+from boundedcode_gateway.upstream.http import HttpClient
 
 log = logging.getLogger(__name__)
 
@@ -184,8 +185,7 @@ class CacheKeeper:
         self._profile = profile
         # a reload may change it for the repairs that follow
         self.price = price
-        self._http = http
-        self._headers = server.headers
+        self._api = LlamaServerAPI(http, server.headers)
         self._writer = writer
         self._repair = server.repair
         self._jobs: set[asyncio.Task[None]] = set()
@@ -216,7 +216,7 @@ class CacheKeeper:
     async def _follow_up(self, call: AnsweredCall) -> None:
         try:
             found = await self._evidence(call)
-        except (GatewayError, ValueError, KeyError, TypeError) as exc:
+        except (GatewayError, ServerRefused, ValueError, KeyError, TypeError) as exc:
             log.info("model %s: cannot read the server's cache state: %s", self._profile, exc)
             return
         if found is None:
@@ -247,7 +247,7 @@ class CacheKeeper:
             # pass let it through once, for the call): the answer goes unexamined instead
             call.previous.evidence = AnswerEvidence("unknown")
             return None
-        slots = await self._get(root, "/slots")
+        slots = await self._slots(root)
         prompt = await self._render(root, sent)
         following = {
             **sent,
@@ -298,7 +298,7 @@ class CacheKeeper:
         if call.slot is not None:
             body["id_slot"] = call.slot.index
         try:
-            answer = await self._post(call.root, "/completion", body)
+            answer = await self._api.completion(call.root, body)
         except asyncio.CancelledError:
             meter.abandoned()
             raise
@@ -322,12 +322,12 @@ class CacheKeeper:
         meter.ok()
 
     async def _render(self, root: str, body: dict[str, Any]) -> str | None:
-        answer = await self._post(root, "/apply-template", body)
+        answer = await self._api.apply_template(root, body)
         prompt = answer.get("prompt")
         return prompt if isinstance(prompt, str) else None
 
     async def _pieces(self, root: str, text: str) -> list[str]:
-        answer = await self._post(root, "/tokenize", {"content": text, "with_pieces": True})
+        answer = await self._api.tokenize(root, {"content": text, "with_pieces": True})
         out: list[str] = []
         for token in answer.get("tokens") or ():
             piece = token.get("piece") if isinstance(token, dict) else None
@@ -336,23 +336,12 @@ class CacheKeeper:
             out.append(piece if isinstance(piece, str) else "")
         return out
 
-    async def _get(self, root: str, path: str) -> Any:
-        resp = await self._http.send("GET", root + path, self._headers(root), resend_safe=True)
-        raw = await _read(resp)
-        return orjson.loads(raw) if resp.status == 200 else None
-
-    async def _post(self, root: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        headers = {"Content-Type": "application/json", **self._headers(root)}
-        resp = await self._http.send(
-            "POST", root + path, headers, orjson.dumps(body), resend_safe=True
-        )
-        raw = await _read(resp)
-        if resp.status != 200:
-            raise ValueError(f"{path} answered {resp.status}")
-        out = orjson.loads(raw)
-        if not isinstance(out, dict):
-            raise ValueError(f"{path} answered something other than an object")
-        return out
+    async def _slots(self, root: str) -> Any:
+        """The server's ``/slots`` (None where it has none to show)."""
+        try:
+            return await self._api.slots(root)
+        except ServerRefused:
+            return None
 
 
 def _fetches_media(messages: Any) -> bool:
@@ -360,11 +349,3 @@ def _fetches_media(messages: Any) -> bool:
     if not isinstance(messages, list):
         return False
     return any(part.remote_source() is not None for part in media_parts(messages))
-
-
-async def _read(resp: Any) -> bytes:
-    try:
-        return await read_body(resp)
-    except asyncio.CancelledError:
-        resp.close()  # stops the server's work on it
-        raise

@@ -8,6 +8,7 @@ default holds.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -187,3 +188,22 @@ def shown_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
 def _without_credentials(value: str) -> str:
     """A URL (a model's, a proxy's) with what stands before its ``@`` hidden."""
     return _URL_USERINFO.sub(r"\g<1>" + HIDDEN + "@", value)
+
+
+# flag → whether continuing works after it (the last one of each pair wins)
+_FLAGS = {
+    "--jinja": ("jinja", True),
+    "--no-jinja": ("jinja", False),
+    "--skip-chat-parsing": ("parsing", False),
+    "--no-skip-chat-parsing": ("parsing", True),
+}
+
+
+def server_flags_continue(argv: Iterable[str]) -> bool:
+    """Whether a llama-server run with these arguments can continue a partial answer."""
+    works = {"jinja": True, "parsing": True}
+    for arg in argv:
+        if arg in _FLAGS:
+            key, value = _FLAGS[arg]
+            works[key] = value
+    return all(works.values())

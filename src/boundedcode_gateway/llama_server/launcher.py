@@ -29,9 +29,10 @@ from typing import Literal
 
 from boundedcode_gateway import private_files
 from boundedcode_gateway.errors import GatewayError, UpstreamUnavailable
+from boundedcode_gateway.llama_server.api import LlamaServerAPI, ServerRefused
 from boundedcode_gateway.llama_server.environment import new_api_key, server_environment
 from boundedcode_gateway.llama_server.flags import LOOPBACK, ServerCommand, shown_argv
-from boundedcode_gateway.upstream.http import HttpClient, read_body
+from boundedcode_gateway.upstream.http import HttpClient
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,8 @@ class ManagedLlamaServer:
         self._command_for_port = command_for_port
         self._log_path = log_path
         self._startup_timeout_s = startup_timeout_s
-        self._http = http
+        # its key alone lets a request in, whatever the profile's own
+        self._api = LlamaServerAPI(http, lambda root: self.auth_headers())
         self._proc: subprocess.Popen[bytes] | None = None
         self._port = 0
         self._ready = asyncio.Event()
@@ -224,18 +226,17 @@ class ManagedLlamaServer:
                 exited.cancel()
 
     async def _wait_healthy(self, exited: asyncio.Future[int]) -> None:
-        url = f"http://{LOOPBACK}:{self._port}/health"
+        root = f"http://{LOOPBACK}:{self._port}"
         while not exited.done() and not self._stopping:
             try:
-                resp = await self._http.send("GET", url, self.auth_headers(), resend_safe=True)
-                await read_body(resp)
-                if resp.status == 200:
-                    self._state = "ready"
-                    self._ready_since = time.monotonic()
-                    self._ready.set()
-                    return
-            except GatewayError:
-                pass  # not listening yet
+                await self._api.health(root)
+            except (GatewayError, ServerRefused):
+                pass  # not listening yet, or still loading its model
+            else:
+                self._state = "ready"
+                self._ready_since = time.monotonic()
+                self._ready.set()
+                return
             await asyncio.sleep(HEALTH_POLL_S)
 
     async def stop(self) -> None:

@@ -26,16 +26,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import orjson
-
 from boundedcode_gateway.config import Routing
 from boundedcode_gateway.errors import ConfigError, GatewayError, UpstreamUnavailable
+from boundedcode_gateway.llama_server.api import LlamaServerAPI, MalformedAnswer, ServerRefused
 from boundedcode_gateway.llama_server.launcher import ManagedLlamaServer
 from boundedcode_gateway.llama_server.slots import SlotTable
 from boundedcode_gateway.pools.holdings import ConversationKey
 from boundedcode_gateway.pools.routing import NoHealthyServer, Pool, RouteReason
 from boundedcode_gateway.pools.server_state import ServerState
-from boundedcode_gateway.upstream.http import HttpClient, read_body
+from boundedcode_gateway.upstream.http import HttpClient
 from boundedcode_gateway.upstream.metrics import CallMetrics
 
 log = logging.getLogger(__name__)
@@ -90,6 +89,8 @@ class ServerPool:
         self.routing = Pool([m.state for m in self.members], policy)
         self.http = http
         self._headers = headers
+        # every request to a server of the pool, with that server's credentials
+        self.api = LlamaServerAPI(http, self.headers_for)
         self._prober: asyncio.Task[None] | None = None
 
     @property
@@ -127,29 +128,27 @@ class ServerPool:
     async def erase_slot(self, member: PoolMember, index: int) -> None:
         """Empty slot ``index`` of ``member``'s server (its tokens and checkpoints); the
         server answers once the call that used it has ended."""
-        root = member.root()
-        url = f"{root}/slots/{index}?action=erase"
-        resp = await self.http.send("POST", url, self.headers_for(url), b"", resend_safe=True)
-        raw = await read_body(resp)
-        if resp.status != 200:
+        try:
+            await self.api.erase_slot(member.root(), index)
+        except ServerRefused as exc:
             # the server's own words go to the log, not to the caller
             log.warning(
                 "model %s: %s did not erase slot %d: HTTP %d %s",
                 self.name,
                 member.state.name,
                 index,
-                resp.status,
-                raw[:200].decode(errors="replace"),
+                exc.status,
+                exc.body[:200].decode(errors="replace"),
             )
             raise UpstreamUnavailable(
                 f"model '{self.name}': the server did not empty slot {index}, which held "
-                f"another caller's prompt (HTTP {resp.status}); the call was not sent"
-            )
+                f"another caller's prompt (HTTP {exc.status}); the call was not sent"
+            ) from None
 
     def headers_for(self, url: str) -> dict[str, str]:
-        """What a request to ``url`` carries to be let in: the key of the managed server
-        listening there, else the profile's own (``api_key_env``, for a server the
-        gateway does not run)."""
+        """What a request to ``url`` (or a server's root) carries to be let in: the key of
+        the managed server listening there, else the profile's own (``api_key_env``, for a
+        server the gateway does not run)."""
         for member in self.members:
             if member.managed is not None and member.managed.serves(url):
                 return member.managed.auth_headers()
@@ -181,9 +180,10 @@ class ServerPool:
         try:
             root = member.root()
             async with asyncio.timeout(PROBE_TIMEOUT_S):
-                up = await self._get(root + "/health") is not None
-                slots = await self._get(root + "/slots") if up else None
-        except (GatewayError, TimeoutError):
+                await self.api.health(root)
+                up = True
+                slots = await self._slots(root)
+        except (GatewayError, ServerRefused, TimeoutError):
             up, slots = False, None
         if up != state.healthy:
             log.warning("model %s: %s is %s", self.name, state.name, "up" if up else "down")
@@ -199,16 +199,12 @@ class ServerPool:
             state.slots_read(None)
         return up
 
-    async def _get(self, url: str) -> Any:
-        """The JSON of a 200 answer (``{}`` for one that is not JSON); None otherwise."""
-        resp = await self.http.send("GET", url, self.headers_for(url), resend_safe=True)
-        raw = await read_body(resp)
-        if resp.status != 200:
-            return None
+    async def _slots(self, root: str) -> Any:
+        """The server's ``/slots`` (None where it has none to show)."""
         try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return {}
+            return await self.api.slots(root)
+        except (ServerRefused, MalformedAnswer):
+            return None
 
     async def _check_agreement(self) -> None:
         """Servers that disagree on their chat template or context size are not copies of
@@ -218,10 +214,10 @@ class ServerPool:
             if not member.state.healthy:
                 continue
             try:
-                props = await self._get(member.root() + "/props")
-            except GatewayError:
+                props = await self.api.props(member.root())
+            except (GatewayError, ServerRefused, MalformedAnswer):
                 continue
-            if not isinstance(props, dict) or "chat_template_caps" not in props:
+            if "chat_template_caps" not in props:
                 continue  # not llama.cpp: nothing to compare
             settings = props.get("default_generation_settings") or {}
             seen.append((member.state.name, (props.get("chat_template"), settings.get("n_ctx"))))
@@ -374,18 +370,20 @@ class ServerLease:
         """The credentials of the server ``url`` is on (after a failover, the new one's)."""
         return self._pool.headers_for(url)
 
-    async def moved_url(self, url: str) -> str | None:
-        """After a failed send or an answer that broke off: if the server is down, the same
-        request's URL on another server that is up (once per call); None to stay."""
+    async def moved_root(self) -> str | None:
+        """After a failed send or an answer that broke off: if the server is down, the root
+        of another server that is up, which the call now holds (once per call); None to
+        stay."""
         pool, index = self._pool, self._index
         if self._moved or index is None or not pool.several:
             return None
         member = pool.members[index]
         try:
-            old_root = member.root()
+            member.root()
+            running = True
         except UpstreamUnavailable:
-            old_root = None
-        if old_root is not None and await pool.probe(member):
+            running = False
+        if running and await pool.probe(member):
             return None  # it is up: the failure was the answer's, not the server's
         try:
             choice = pool.routing.choose(self._key, 0)
@@ -393,10 +391,7 @@ class ServerLease:
             return None
         self._moved = True
         self._take(choice.index, "failover")
-        new_root = pool.members[choice.index].root()
-        if old_root is not None and url.startswith(old_root):
-            return new_root + url[len(old_root) :]
-        return new_root + url[url.index("/", url.index("//") + 2) :]
+        return pool.members[choice.index].root()
 
     def answered(self, metrics: CallMetrics) -> None:
         """The answer's timings: what the server now holds of the conversation, its speed."""

@@ -261,7 +261,7 @@ class _StateCollector(Collector):
         restarted: dict[str, int] = {}
         for route in self._routes.routes():
             calls[route.name] = calls.get(route.name, 0) + route.in_flight
-            count = route.upstream.server_restarts()
+            count = route.fleet.restarts() if route.fleet is not None else None
             if count is not None and route.name not in restarted:  # the live one comes first
                 restarted[route.name] = count
         for name, count in calls.items():

@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from boundedcode_gateway.errors import GatewayError
-from boundedcode_gateway.llama_server.cache_keeper import CacheServer
-from boundedcode_gateway.llama_server.pool import ServerLease
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.policy.structured import RequestedSchema
 from boundedcode_gateway.reasoning_store.backend import CallReasoning
@@ -56,23 +54,20 @@ class ChatCall:
     # the task's stored reasoning, where earlier turns are looked up
     reasoning: CallReasoning
     call_id: str
-    # a local call's server (of a pool, chosen when the request is made); None for a cloud API
-    server: ServerLease | None = None
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class PreparedRequest:
-    """One HTTP request to an upstream, ready to send."""
+    """One HTTP request to an upstream, translated: its path, joined to where the call goes
+    (the profile's ``base_url``, or the root of the local server the call was leased)."""
 
-    url: str
+    path: str
     headers: dict[str, str]
     body: bytes
     # a resend on a fresh connection cannot do the work twice (idempotency key)
     resend_safe: bool = False
     # what the adapter changed on its own account, for the call log (``adjustments``)
     adjustments: dict[str, Any] = field(default_factory=dict)
-    # the server it goes to, which may send it to another once (failover)
-    server: ServerLease | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +136,10 @@ class Upstream(Protocol):
         """The form a JSON schema takes in this provider's request (remembered if refused)."""
         ...
 
-    async def start(self) -> None:
-        """Bring up what the profile runs itself (a managed server); no-op otherwise."""
+    @property
+    def base_url(self) -> str:
+        """What the paths of its requests are joined to (a local profile's are joined to
+        the root of the server each call is leased instead)."""
         ...
 
     async def capabilities(self) -> Capabilities:
@@ -151,7 +148,7 @@ class Upstream(Protocol):
 
     def prepare(self, call: ChatCall, send_schema: bool) -> PreparedRequest:
         """Translate the caller's request into the provider's (with the requested schema only
-        when ``send_schema``)."""
+        when ``send_schema``): its path, headers and body; where it goes is not its to say."""
         ...
 
     def learn_from_refusal(self, status: int, message: str) -> bool:
@@ -180,41 +177,11 @@ class Upstream(Protocol):
         """Map the provider's error answer to the gateway's error tree."""
         ...
 
-    def cache_server(self) -> CacheServer | None:
-        """The server's cache to follow after each answer; None where it cannot be read."""
-        ...
-
-    async def count_tokens(self, body: dict[str, Any]) -> int | None:
-        """The tokens of the prompt a chat-completions ``body`` renders to, counted by the
-        upstream (a llama.cpp server); None where the upstream cannot count them."""
-        ...
-
-    def server_lease(
-        self, task: str, purpose: str, caller: str | None = None
-    ) -> ServerLease | None:
-        """The server a call of (task, purpose) by ``caller`` (its key's name) goes to,
-        held until the call ends (a local profile's; None for a cloud API)."""
-        ...
-
     async def readiness(self) -> str | None:
-        """None when the profile can take calls now, else why not (cheap: at most one
-        short probe of the upstream, its answer kept for a moment)."""
-        ...
-
-    def server_restarts(self) -> int | None:
-        """How often the profile's managed llama-server was started again after it
-        exited; None for a profile without one."""
-        ...
-
-    async def servers(self) -> list[dict[str, Any]]:
-        """The servers behind the profile as an operator is shown them (a local server's
-        state and slots; none for a cloud API): no key, no prompt."""
+        """None when the profile can take calls now, else why not (cheap: its key is set;
+        a local profile's servers at most one short probe, its answer kept for a moment)."""
         ...
 
     def secrets(self) -> tuple[str, ...]:
         """What must never reach a caller, a record or a log: the profile's API key."""
-        ...
-
-    async def close(self) -> None:
-        """Release what the adapter holds."""
         ...

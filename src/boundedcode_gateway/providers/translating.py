@@ -1,18 +1,16 @@
 """What the adapters that translate to a provider's own API share (Anthropic, Gemini).
 
-The profile's name, upstream model, API key and retry budget; nothing to start
-or stop, and no continuing an answer that broke off. Each adapter adds its
+The profile's name, upstream model, API key and retry budget; no continuing an
+answer that broke off. Each adapter adds its
 translation, its retry rules and capabilities.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from boundedcode_gateway.config import GatewayConfig, ModelProfile
 from boundedcode_gateway.errors import MissingApiKey
-from boundedcode_gateway.llama_server.cache_keeper import CacheServer
-from boundedcode_gateway.llama_server.pool import ServerLease
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.providers.base import (
     Continuation,
@@ -52,22 +50,12 @@ class TranslatingUpstream:
     def schema_form(self) -> str:
         return self.SCHEMA_FORM
 
+    @property
+    def base_url(self) -> str:
+        return self._profile.upstream_base_url
+
     async def capabilities(self) -> Capabilities:
         return self.CAPABILITIES
-
-    async def start(self) -> None:
-        return None
-
-    def cache_server(self) -> CacheServer | None:
-        return None  # the provider's cache is its own; only its usage reports it
-
-    async def count_tokens(self, body: dict[str, Any]) -> int | None:
-        return None  # counted only where the gateway can render the prompt (llama.cpp)
-
-    def server_lease(
-        self, task: str, purpose: str, caller: str | None = None
-    ) -> ServerLease | None:
-        return None  # one API endpoint: nothing to choose
 
     def continuation(
         self, sent: PreparedRequest, partial: PartialAnswer, options: RequestOptions
@@ -77,15 +65,6 @@ class TranslatingUpstream:
     async def readiness(self) -> str | None:
         """Ready when its API key is set (the provider is not called to find out)."""
         return self._profile.key_missing()
-
-    def server_restarts(self) -> int | None:
-        return None
-
-    async def servers(self) -> list[dict[str, Any]]:
-        return []
-
-    async def close(self) -> None:
-        return None
 
     def _key(self) -> str:
         """The API key; a call without it is a clear 500 naming the variable."""

@@ -205,8 +205,9 @@ class UiRoutes:
         return {"tasks": tasks or [], "metering": self._metering}
 
     async def _models(self) -> dict[str, Any]:
-        upstreams = list(self._service.upstreams.items())
-        shown = await asyncio.gather(*(_model(name, u) for name, u in upstreams))
+        service = self._service
+        upstreams = list(service.upstreams.items())
+        shown = await asyncio.gather(*(_model(name, u, service) for name, u in upstreams))
         return {"models": shown}
 
     @property
@@ -260,7 +261,7 @@ class UiRoutes:
         await send({"type": "http.response.body", "body": body, "more_body": True})
 
 
-async def _model(name: str, upstream: Upstream) -> dict[str, Any]:
+async def _model(name: str, upstream: Upstream, service: GatewayService) -> dict[str, Any]:
     """One profile as the models view shows it: what it is, can do, and runs on."""
     try:
         caps: dict[str, Any] | None = (await upstream.capabilities()).to_json()
@@ -272,7 +273,8 @@ async def _model(name: str, upstream: Upstream) -> dict[str, Any]:
         "upstream_model": upstream.upstream_model,
         "capabilities": caps,
         "not_ready": await upstream.readiness(),
-        "servers": await upstream.servers(),
+        # a cloud API's: none
+        "servers": await service.servers_of(name) or [],
     }
 
 

@@ -90,7 +90,6 @@ class AnthropicUpstream(TranslatingUpstream):
         self._target = AnthropicTarget(
             self.upstream_model, profile.max_tokens, profile.thinking, self._version
         )
-        self._url = profile.upstream_base_url + "/messages"
         # set once the model refused temperature / top_p / top_k: they are left out from then
         # on; a version that removed them has nothing to learn
         self._sampling_refused = False
@@ -123,7 +122,7 @@ class AnthropicUpstream(TranslatingUpstream):
         if stream:
             headers["accept"] = "text/event-stream"
         return PreparedRequest(
-            url=self._url,
+            path="/messages",
             headers=headers,
             body=orjson.dumps(translated.body),
             adjustments=translated.adjustments,

@@ -20,7 +20,7 @@ from boundedcode_gateway.providers.base import (
     RequestOptions,
     StreamTranslator,
 )
-from boundedcode_gateway.providers.gemini.request import gemini_url, to_gemini_request
+from boundedcode_gateway.providers.gemini.request import gemini_path, to_gemini_request
 from boundedcode_gateway.providers.gemini.response import error_from_gemini, from_gemini_response
 from boundedcode_gateway.providers.gemini.signatures import SIGNATURE_KIND, TurnSignatures
 from boundedcode_gateway.providers.gemini.stream import GeminiStreamTranslator
@@ -83,10 +83,9 @@ class GeminiUpstream(TranslatingUpstream):
         headers = {"Content-Type": "application/json", "x-goog-api-key": self._key()}
         if stream:
             headers["Accept"] = "text/event-stream"
-        base_url = self._profile.upstream_base_url
         adjustments = {"signature_placeholders": out.placeholders} if out.placeholders else {}
         return PreparedRequest(
-            url=gemini_url(base_url, self.upstream_model, stream),
+            path=gemini_path(self.upstream_model, stream),
             headers=headers,
             body=orjson.dumps(out.body),
             adjustments=adjustments,

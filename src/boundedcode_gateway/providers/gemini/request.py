@@ -62,7 +62,12 @@ TOOL_CHOICE_MODES = {"auto": "AUTO", "none": "NONE", "required": "ANY"}
 
 def gemini_url(base_url: str, model: str, stream: bool) -> str:
     """``generateContent``, or ``streamGenerateContent`` as SSE, for the model."""
-    path = f"{base_url.rstrip('/')}/models/{quote(model, safe='-._')}"
+    return base_url.rstrip("/") + gemini_path(model, stream)
+
+
+def gemini_path(model: str, stream: bool) -> str:
+    """The path of ``gemini_url`` under the API's base URL."""
+    path = f"/models/{quote(model, safe='-._')}"
     return path + (":streamGenerateContent?alt=sse" if stream else ":generateContent")
 
 

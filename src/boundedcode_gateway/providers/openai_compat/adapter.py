@@ -1,8 +1,9 @@
 """The adapter for every OpenAI-shaped upstream; the kinds differ only by their ``Dialect`` row.
 
-For ``provider: local`` it reads ``GET /props`` once: a server that answers is
-llama.cpp and its chat template's flags decide the capabilities; one that does
-not is "another local OpenAI-compatible server" with assumed capabilities.
+For ``provider: local`` it is handed the servers' traits (``LocalServers``, read once
+by the profile's local fleet): a llama.cpp server's decide the capabilities and the
+form of its requests; another local OpenAI-compatible server has assumed capabilities.
+It translates; it asks no server anything itself.
 """
 
 from __future__ import annotations
@@ -10,35 +11,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
-from boundedcode_gateway.config import GatewayConfig, ModelProfile, PoolServer, ServerSettings
-from boundedcode_gateway.errors import (
-    GatewayError,
-    InvalidRequest,
-    MalformedResponse,
-    MissingApiKey,
-)
-from boundedcode_gateway.llama_server.cache_keeper import CacheServer
-from boundedcode_gateway.llama_server.flags import (
-    LOOPBACK,
-    ServerCommand,
-    server_command,
-    slots_of,
-)
-from boundedcode_gateway.llama_server.launcher import ManagedLlamaServer
-from boundedcode_gateway.llama_server.locate import (
-    find_llama_server,
-    resolve_model_path,
-    resolve_server_files,
-)
-from boundedcode_gateway.llama_server.pool import PoolMember, ServerLease, ServerPool
-from boundedcode_gateway.llama_server.slots import SlotTable
+from boundedcode_gateway.config import GatewayConfig, ModelProfile
+from boundedcode_gateway.errors import GatewayError, InvalidRequest
 from boundedcode_gateway.policy.capabilities import check_media
 from boundedcode_gateway.policy.mid_system import ADJUSTMENT as FOLDED_ADJUSTMENT
 from boundedcode_gateway.policy.mid_system import fold_system_messages
@@ -46,7 +25,6 @@ from boundedcode_gateway.policy.reasoning import REASONING_KIND, StoredReasoning
 from boundedcode_gateway.policy.retry import RetryBudget, RetryRules
 from boundedcode_gateway.policy.volatile_lines import ADJUSTMENT as VOLATILE_ADJUSTMENT
 from boundedcode_gateway.policy.volatile_lines import strip_system_messages
-from boundedcode_gateway.pools.server_state import ServerState
 from boundedcode_gateway.providers.base import (
     ChatCall,
     Continuation,
@@ -55,10 +33,7 @@ from boundedcode_gateway.providers.base import (
     RequestOptions,
     StreamTranslator,
 )
-from boundedcode_gateway.providers.openai_compat.continuation import (
-    continuation_body,
-    server_flags_continue,
-)
+from boundedcode_gateway.providers.openai_compat.continuation import continuation_body
 from boundedcode_gateway.providers.openai_compat.dialects import (
     DIALECT_BY_PROVIDER,
     LLAMA_CPP,
@@ -70,18 +45,11 @@ from boundedcode_gateway.providers.openai_compat.mapping import (
     to_openai_compat_request,
 )
 from boundedcode_gateway.providers.openai_compat.stream import OpenAIStreamTranslator
-from boundedcode_gateway.providers.openai_compat.template_checks import (
-    NEWLINE_BUDGET_MESSAGE,
-    PROBE_MESSAGES,
-    PROBE_MID_SYSTEM_MESSAGES,
-    reasoning_back_refusal,
-    renders_mid_system,
-    renders_newline_before_end,
-)
-from boundedcode_gateway.upstream.capabilities import Capabilities, SystemMessages
-from boundedcode_gateway.upstream.http import HttpClient, read_body
+from boundedcode_gateway.upstream.capabilities import Capabilities
+from boundedcode_gateway.upstream.http import HttpClient
 from boundedcode_gateway.upstream.metrics import CallMetrics
-from boundedcode_gateway.upstream.probe import ServerProbe
+from boundedcode_gateway.upstream.profile_key import bearer_headers
+from boundedcode_gateway.upstream.server_traits import LocalServers, ServerTraits
 
 log = logging.getLogger(__name__)
 
@@ -91,68 +59,56 @@ REASONING_FILES = {REASONING_KIND: "local-replay.jsonl"}
 _COUNT_OPTIONS = RequestOptions(stream=False, include_usage=False, return_progress=False)
 
 
-def capabilities_from_props(
-    props: dict[str, Any],
+def capabilities_from_traits(
+    traits: ServerTraits,
     takes_reasoning: bool,
-    continues: bool = True,
     refusal: str | None = None,
-    system_messages: SystemMessages = "folded",
     media_urls: bool = False,
 ) -> Capabilities:
-    """llama.cpp's capabilities, derived from its ``/props`` answer (``continues``: its
-    command line, where the gateway knows it, lets it go on with a partial answer;
-    ``system_messages``: what the template probe showed of a system message after the
-    start; ``media_urls``: the profile lets media parts name URLs for the server to
-    fetch)."""
-    caps = props.get("chat_template_caps") or {}
-    modalities = props.get("modalities") or {}
-    settings = props.get("default_generation_settings") or {}
-    n_ctx = settings.get("n_ctx")
+    """llama.cpp's capabilities, from what its ``/props`` and template showed
+    (``media_urls``: the profile lets media parts name URLs for the server to fetch)."""
     return Capabilities(
         streaming=True,
         reasoning_back=takes_reasoning,
         structured_output=True,
         prompt_progress=True,
         source="props",
-        tools=bool(caps.get("supports_tools", True)),
-        vision=bool(modalities.get("vision", False)),
-        audio=bool(modalities.get("audio", False)),
-        video=bool(modalities.get("video", False)),
+        tools=traits.tools,
+        vision=traits.vision,
+        audio=traits.audio,
+        video=traits.video,
         media_urls=media_urls,
-        context_tokens=n_ctx if isinstance(n_ctx, int) else None,
+        context_tokens=traits.context_tokens,
         reasoning_back_refusal=refusal,
-        continue_after_break=continues,
-        system_messages=system_messages,
+        continue_after_break=traits.continues,
+        system_messages="in_place" if traits.system_in_place else "folded",
     )
 
 
 class OpenAICompatUpstream:
     """One model profile served by an OpenAI-shaped API."""
 
-    def __init__(self, name: str, profile: ModelProfile, config: GatewayConfig, http: HttpClient):
+    def __init__(
+        self,
+        name: str,
+        profile: ModelProfile,
+        config: GatewayConfig,
+        http: HttpClient,
+        servers: LocalServers | None = None,
+    ):
         self.name = name
         self.provider: str = profile.provider
         self.upstream_model = profile.model or name
         self._profile = profile
         self._setting = config.reasoning_history_for(profile)
-        self._http = http
         self._dialect: Dialect = DIALECT_BY_PROVIDER[profile.provider]
         self._template_preserves = False
         # sent with a reasoning budget where the template writes "\n</think>"
         self._budget_message: str | None = None
         self._caps: Capabilities | None = None
         self._caps_lock = asyncio.Lock()
-        # a local profile's servers (one, or several: docs/scaling.md); none for a cloud API
-        self._pool = _server_pool(name, profile, config, http, self._auth_headers)
-        # the one server of a profile that names one, when the gateway runs it
-        self.managed = _single_managed(self._pool)
-        # the one server of a profile that names one the gateway does not run: is it
-        # answering (for readiness)
-        self._probe = (
-            ServerProbe(self._server_root() + "/health", http, self._auth_headers)
-            if self._pool is not None and not self._pool.several and self.managed is None
-            else None
-        )
+        # a local profile's servers, whose traits decide the capabilities
+        self._servers = servers
         self._budget = RetryBudget(profile.retry.max_attempts, profile.retry.max_total_s)
 
     @property
@@ -166,6 +122,10 @@ class OpenAICompatUpstream:
     @property
     def schema_form(self) -> str:
         return "response_format"
+
+    @property
+    def base_url(self) -> str:
+        return self._profile.upstream_base_url
 
     def _assumed(self) -> Capabilities:
         d = self._dialect
@@ -185,137 +145,35 @@ class OpenAICompatUpstream:
         """Read once; a local server that cannot be reached yet is asked again next time."""
         if self._caps is not None:
             return self._caps
-        if self.provider != "local":
+        servers = self._servers
+        if servers is None:
             self._caps = self._assumed()
             return self._caps
         async with self._caps_lock:
             if self._caps is None:
-                self._caps = await self._read_props()
+                traits = await servers.traits()
+                self._caps = self._from_traits(traits) if traits is not None else None
             return self._caps or self._assumed()
 
-    def _server_root(self) -> str:
-        """Where a local server listens (a managed one moves to a new port on restart); of
-        a pool, the first that is up."""
-        assert self._pool is not None
-        return self._pool.healthy_root()
-
-    def _chat_url(self, server: ServerLease | None, request_bytes: int) -> str:
-        if server is not None:
-            return server.root(request_bytes) + "/v1/chat/completions"
-        return self._profile.upstream_base_url + "/chat/completions"
-
-    def server_lease(
-        self, task: str, purpose: str, caller: str | None = None
-    ) -> ServerLease | None:
-        """A local call's server, chosen when its request is made; under cache isolation,
-        with the group whose slots it may use (its task, or its caller's key)."""
-        if self._pool is None:
-            return None
-        isolation = self._profile.cache_isolation
-        if isolation == "none":
-            group = None
-        elif isolation == "task":
-            group = f"task:{task}"
-        else:
-            group = f"key:{caller or ''}"
-        return self._pool.lease((task, purpose), group)
-
-    async def start(self) -> None:
-        """Start the managed llama-servers, if the profile has any; a pool is probed and
-        checked (its servers must agree on ``/props``)."""
-        if self._pool is not None:
-            await self._pool.start()
-
-    async def _read_props(self) -> Capabilities | None:
-        try:
-            url = self._server_root() + "/props"
-            resp = await self._http.send("GET", url, self._headers_for(url), resend_safe=True)
-            raw = await read_body(resp)
-        except GatewayError as exc:
-            log.warning("model %s: cannot read /props yet: %s", self.name, exc.message)
-            return None
-        if resp.status == 503:  # still loading the model
-            return None
-        props = _json_object(raw) if resp.status == 200 else None
-        if props is None or "chat_template_caps" not in props:
-            log.info(
-                "model %s: no llama.cpp /props; treated as a local OpenAI-compatible server",
-                self.name,
-            )
+    def _from_traits(self, traits: ServerTraits) -> Capabilities:
+        if not traits.llama_cpp:
             return self._assumed()
         self._dialect = LLAMA_CPP
-        self._template_preserves = bool(
-            props["chat_template_caps"].get("supports_preserve_reasoning", False)
-        )
+        self._template_preserves = traits.keeps_reasoning
+        self._budget_message = traits.budget_message
         takes = self._dialect.takes_reasoning(self._setting, self._template_preserves)
-        refusal = None if takes else reasoning_back_refusal(props, self._template_preserves)
+        refusal = None if takes else traits.reasoning_refusal
         if refusal is not None and self._setting == "auto":
             log.warning("model %s: earlier reasoning cannot go back: %s", self.name, refusal)
         else:
             refusal = None
-        await self._probe_template()
-        in_place = renders_mid_system(await self._render(PROBE_MID_SYSTEM_MESSAGES))
-        return capabilities_from_props(
-            props,
-            takes,
-            self._flags_continue(),
-            refusal,
-            "in_place" if in_place else "folded",
-            self._profile.takes_media_urls,
-        )
-
-    async def _probe_template(self) -> None:
-        """Render one probe conversation to see how the template closes reasoning."""
-        rendered = await self._render(PROBE_MESSAGES)
-        if rendered is not None and renders_newline_before_end(rendered):
-            self._budget_message = NEWLINE_BUDGET_MESSAGE
-
-    async def _render(self, messages: list[dict[str, Any]]) -> str | None:
-        """The prompt the template renders ``messages`` to; None where it refuses them."""
-        body = orjson.dumps({"messages": messages})
-        try:
-            url = self._server_root() + "/apply-template"
-            headers = {"Content-Type": "application/json", **self._headers_for(url)}
-            resp = await self._http.send("POST", url, headers, body, resend_safe=True)
-            raw = await read_body(resp)
-        except GatewayError as exc:
-            log.info("model %s: cannot render the template probe: %s", self.name, exc.message)
-            return None
-        rendered = (_json_object(raw) or {}).get("prompt") if resp.status == 200 else None
-        return rendered if isinstance(rendered, str) else None
-
-    def _flags_continue(self) -> bool:
-        """A server the gateway runs can continue unless its extra flags say otherwise; one
-        it does not run is taken to run with llama-server's defaults, which can."""
-        if self._pool is None:
-            return True
-        return all(
-            server_flags_continue(member.extra_args)
-            for member in self._pool.members
-            if member.managed is not None
-        )
+        return capabilities_from_traits(traits, takes, refusal, self._profile.takes_media_urls)
 
     def _continues(self) -> bool:
         caps = self._caps
         return (
             self._dialect.continues_after_break and caps is not None and caps.continue_after_break
         )
-
-    def _auth_headers(self) -> dict[str, str]:
-        key = self._profile.api_key()
-        if self._profile.api_key_env and key is None:
-            raise MissingApiKey(
-                f"model '{self.name}' needs the environment variable "
-                f"{self._profile.api_key_env}, which is not set"
-            )
-        return {"Authorization": f"Bearer {key}"} if key else {}
-
-    def _headers_for(self, url: str) -> dict[str, str]:
-        """A request to ``url``'s credentials: a managed server's key where one listens
-        there, else the profile's ``api_key_env``."""
-        if self._pool is not None:
-            return self._pool.headers_for(url)
-        return self._auth_headers()
 
     def secrets(self) -> tuple[str, ...]:
         return self._profile.secrets()
@@ -347,7 +205,7 @@ class OpenAICompatUpstream:
         adjustments: dict[str, Any] = {}
         if self._profile.cache_isolation != "none":
             _keep_to_own_slot(out)
-        if self._pool is not None:
+        if self.provider == "local":
             # a local server's cache: a line new on every request would stop the match there
             messages, removed = strip_system_messages(out["messages"])
             if removed:
@@ -363,20 +221,25 @@ class OpenAICompatUpstream:
             out["reasoning_budget_message"] = self._budget_message
             adjustments["reasoning_budget_message"] = self._budget_message
         body = orjson.dumps(out)
-        url = self._chat_url(call.server, len(body))
-        headers = {"Content-Type": "application/json", **self._headers_for(url)}
+        headers = {"Content-Type": "application/json"}
+        if self._servers is None:
+            # a local server's credentials are those of the server the call goes to
+            headers.update(self._auth_headers())
         if stream:
             headers["Accept"] = "text/event-stream"
         if self._dialect.idempotency_key:
             headers["Idempotency-Key"] = call.call_id
         return PreparedRequest(
-            url=url,
+            # a local server's root has the API under /v1; a cloud's base URL names it
+            path="/v1/chat/completions" if self._servers is not None else "/chat/completions",
             headers=headers,
             body=body,
             resend_safe=self._dialect.idempotency_key,
             adjustments=adjustments,
-            server=call.server,
         )
+
+    def _auth_headers(self) -> dict[str, str]:
+        return bearer_headers(self.name, self._profile)
 
     def learn_from_refusal(self, status: int, message: str) -> bool:
         return False  # the caller's fields pass through: a refusal is the caller's to see
@@ -407,21 +270,11 @@ class OpenAICompatUpstream:
     ) -> GatewayError:
         return error_from_openai_compat(status, raw, self.secrets())
 
-    def cache_server(self) -> CacheServer | None:
-        """The llama.cpp server's cache, once ``/props`` showed the server is llama.cpp."""
-        if self._dialect is not LLAMA_CPP:
-            return None
-        assert self._pool is not None
-        repair = all(m.cache_repair for m in self._pool.members)
-        return CacheServer(self._headers_for, repair)
-
-    async def count_tokens(self, body: dict[str, Any]) -> int | None:
-        """The tokens of the prompt ``body`` renders to on a llama.cpp server: its chat
-        template (``POST /apply-template``) over the messages as a call would send them
-        (without reasoning the store would restore), then its tokenizer
-        (``POST /tokenize``); None for any other server or service. The template's
-        rendering loads the media parts as a call does, so they are held to the same
-        rules first."""
+    async def token_count_request(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The request whose prompt a llama.cpp server counts for a chat-completions
+        ``body``: the messages as a call would send them (without reasoning the store would
+        restore); None for any other server or service. The template's rendering loads
+        the media parts as a call does, so they are held to the same rules first."""
         caps = await self.capabilities()
         if self._dialect is not LLAMA_CPP:
             return None
@@ -437,195 +290,16 @@ class OpenAICompatUpstream:
         out["messages"] = strip_system_messages(out["messages"])[0]
         if caps.system_messages == "folded":
             out["messages"] = fold_system_messages(out["messages"])[0]
-        root = self._server_root()
-        prompt = (await self._post_json(root + "/apply-template", out)).get("prompt")
-        if not isinstance(prompt, str):
-            raise MalformedResponse("the server's /apply-template answered no prompt")
-        tokens = (await self._post_json(root + "/tokenize", {"content": prompt})).get("tokens")
-        if not isinstance(tokens, list):
-            raise MalformedResponse("the server's /tokenize answered no tokens")
-        return len(tokens)
-
-    async def _post_json(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        """A JSON object a server answers to a request that changes nothing there."""
-        headers = {"Content-Type": "application/json", **self._headers_for(url)}
-        resp = await self._http.send("POST", url, headers, orjson.dumps(body), resend_safe=True)
-        raw = await read_body(resp)
-        if resp.status != 200:
-            raise error_from_openai_compat(resp.status, raw, self.secrets())
-        out = _json_object(raw)
-        if out is None:
-            raise MalformedResponse(f"the server answered {url} with no JSON object")
         return out
 
     async def readiness(self) -> str | None:
-        """A key the profile names is set; a managed server is healthy, another local
-        server answers its ``/health``."""
+        """A key the profile names is set; a local profile's servers are ready."""
         missing = self._profile.key_missing()
         if missing is not None:
             return missing
-        pool = self._pool
-        if pool is not None and pool.several:
-            if any(m.state.healthy for m in pool.members):
-                return None
-            return f"none of its {len(pool.members)} servers is up"
-        if self.managed is not None:
-            if self.managed.ready:
-                return None
-            state = "restarting" if self.managed.restarts else "starting"
-            return f"its llama-server is {state}"
-        if self._probe is not None:
-            return await self._probe.check()
+        if self._servers is not None:
+            return await self._servers.readiness()
         return None
-
-    def server_restarts(self) -> int | None:
-        managed = [m.managed for m in self._pool.members if m.managed] if self._pool else []
-        return sum(m.restarts for m in managed) if managed else None
-
-    async def servers(self) -> list[dict[str, Any]]:
-        """A local profile's servers: each one's state (and, when managed, its process),
-        a summary of its ``/slots`` and, in a pool, what routing knows of it; none for a
-        cloud API."""
-        pool = self._pool
-        if pool is None:
-            return []
-        return [await self._server(pool, i) for i in range(len(pool.members))]
-
-    async def _server(self, pool: ServerPool, index: int) -> dict[str, Any]:
-        member = pool.members[index]
-        server: dict[str, Any] = {"name": member.state.name}
-        root: str | None
-        if member.managed is not None:
-            status = member.managed.status()
-            server.update(managed=True, **dataclasses.asdict(status))
-            root = f"http://{LOOPBACK}:{status.port}" if status.state == "ready" else None
-        else:
-            root = member.url
-            if pool.several:
-                down = None if member.state.healthy else "it did not answer its last probe"
-            else:
-                down = await self._probe.check() if self._probe is not None else None
-            server.update(managed=False, url=root, state="down" if down else "ready")
-            if down:
-                server["reason"] = down
-                root = None
-        server["slots"] = await self._slots_summary(root) if root is not None else None
-        if pool.several:
-            server["routing"] = pool.describe(index)
-        return server
-
-    async def _slots_summary(self, root: str) -> dict[str, Any] | None:
-        """How many slots, how many busy, each one's context and cached tokens (None where
-        the server has no ``/slots``); never a slot's prompt or text."""
-        try:
-            url = root + "/slots"
-            resp = await self._http.send("GET", url, self._headers_for(url), resend_safe=True)
-            raw = await read_body(resp)
-            slots = orjson.loads(raw) if resp.status == 200 else None
-        except (GatewayError, orjson.JSONDecodeError):
-            return None
-        if not isinstance(slots, list):
-            return None
-        return slots_summary(slots)
-
-    async def close(self) -> None:
-        if self._pool is not None:
-            await self._pool.close()
-
-
-def _server_pool(
-    name: str,
-    profile: ModelProfile,
-    config: GatewayConfig,
-    http: HttpClient,
-    headers: Callable[[], dict[str, str]],
-) -> ServerPool | None:
-    """A local profile's servers (checked at start-up); None for a cloud API."""
-    servers = profile.pool_servers() if profile.provider == "local" else ()
-    if not servers:
-        return None
-    several = len(servers) > 1
-    members = []
-    for i, server in enumerate(servers):
-        # a pool's servers are told apart by their place in it
-        label = f"{name}[{i}]" if several else name
-        where = f"models.{name}.servers[{i}]" if profile.servers is not None else f"models.{name}"
-        members.append(
-            _member(label, where, server, config, http, profile.cache_isolation != "none")
-        )
-    return ServerPool(name, members, profile.routing_policy, http, headers)
-
-
-def _member(
-    label: str,
-    where: str,
-    server: PoolServer,
-    config: GatewayConfig,
-    http: HttpClient,
-    isolated: bool = False,
-) -> PoolMember:
-    settings = server.server or ServerSettings()
-    if server.external_url:
-        url = server.external_url.rstrip("/")
-        return PoolMember(ServerState(url_shown(url)), url, cache_repair=settings.cache_repair)
-    assert server.model_path is not None
-    binary = find_llama_server(config.llama_server_bin)
-    model = str(resolve_model_path(server.model_path, f"{where}.model_path"))
-    settings = resolve_server_files(settings, f"{where}.server")
-
-    folder = config.data_path / "llama-server"
-    slot_dir = folder / f"{label}.slots" if isolated else None
-
-    def command_for_port(port: int) -> ServerCommand:
-        if slot_dir is not None:
-            private_folder(slot_dir)
-        return server_command(binary, model, port, label, settings, slot_dir)
-
-    log_path = folder / f"{label}.log"
-    managed = ManagedLlamaServer(
-        label, command_for_port, log_path, settings.startup_timeout_s, http
-    )
-    state = ServerState(label, slots_of(settings))
-    slots = SlotTable(slots_of(settings)) if isolated else None
-    return PoolMember(state, None, managed, settings.cache_repair, settings.extra_args, slots=slots)
-
-
-def private_folder(path: Path) -> None:
-    """A folder only the gateway's user can enter (what the server may save of a slot's
-    prompt lands there; the gateway itself saves nothing)."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path.chmod(0o700)
-
-
-def _single_managed(pool: ServerPool | None) -> ManagedLlamaServer | None:
-    if pool is None or pool.several:
-        return None
-    return pool.members[0].managed
-
-
-def url_shown(url: str) -> str:
-    """A server's URL without credentials, for records and logs."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit((parts.scheme, host + port, parts.path, parts.query, parts.fragment))
-
-
-def slots_summary(slots: list[Any]) -> dict[str, Any]:
-    """llama-server's ``/slots`` as counts: no prompt, no generated text."""
-    shown = [
-        {
-            "id": slot.get("id"),
-            "busy": slot.get("is_processing") is True,
-            "n_ctx": slot.get("n_ctx"),
-            "cached_tokens": slot.get("n_prompt_tokens"),
-        }
-        for slot in slots
-        if isinstance(slot, dict)
-    ]
-    return {"total": len(shown), "busy": sum(s["busy"] for s in shown), "slots": shown}
 
 
 # the fields that would run a call in a slot the gateway did not give it: a slot named by
@@ -653,11 +327,3 @@ def _keep_to_own_slot(out: dict[str, Any]) -> None:
 def _needs_budget_message(body: dict[str, Any]) -> bool:
     budget = body.get("reasoning_budget_tokens")
     return isinstance(budget, int) and budget >= 0 and "reasoning_budget_message" not in body
-
-
-def _json_object(raw: bytes) -> dict[str, Any] | None:
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    return obj if isinstance(obj, dict) else None

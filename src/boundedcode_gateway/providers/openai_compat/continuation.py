@@ -22,7 +22,6 @@ Jinja template engine continues at all: a server run with ``--no-jinja`` or
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -32,24 +31,6 @@ from boundedcode_gateway.providers.base import PartialAnswer
 
 # the answer's token limit, under each name llama-server reads
 _LIMITS = ("max_tokens", "max_completion_tokens", "n_predict")
-
-# flag → whether continuing works after it (the last one of each pair wins)
-_FLAGS = {
-    "--jinja": ("jinja", True),
-    "--no-jinja": ("jinja", False),
-    "--skip-chat-parsing": ("parsing", False),
-    "--no-skip-chat-parsing": ("parsing", True),
-}
-
-
-def server_flags_continue(argv: Iterable[str]) -> bool:
-    """Whether a llama-server run with these arguments can continue a partial answer."""
-    works = {"jinja": True, "parsing": True}
-    for arg in argv:
-        if arg in _FLAGS:
-            key, value = _FLAGS[arg]
-            works[key] = value
-    return all(works.values())
 
 
 def continuation_body(sent: bytes, partial: PartialAnswer) -> bytes | None:

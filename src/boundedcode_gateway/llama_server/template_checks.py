@@ -1,7 +1,7 @@
 """What a llama.cpp chat template does with reasoning, checked once when the server is found.
 
 Pure: reads ``/props`` and one probe rendering (``POST /apply-template`` of
-``PROBE_MESSAGES``); the adapter does the I/O.
+``PROBE_MESSAGES``); the local fleet does the I/O.
 """
 
 from __future__ import annotations
