@@ -64,7 +64,7 @@ class GatewayService:
         self,
         live: LiveConfig,
         http: HttpClient,
-        writer: RecordBus,
+        bus: RecordBus,
         reasoning: ReasoningBackend,
         continuity: ContinuityTable | None = None,
         budgets: BudgetBook | None = None,
@@ -73,17 +73,17 @@ class GatewayService:
     ) -> None:
         self.live = live
         self._http = http
-        self._writer = writer
+        self._bus = bus
         if budgets is not None:
             # every record published, the cache repairs' too, counts before the next
             # call is admitted
-            writer.count("budgets", budgets.count)
+            bus.count("budgets", budgets.count)
         self._budgets = budgets
         continuity = continuity if continuity is not None else ContinuityTable()
         history = history if history is not None else HistoryTracker()
         self._shared = SharedState(http, reasoning, history, continuity, set(), events)
         if events is not None:
-            writer.subscribe("the page of calls", events.finished)
+            bus.subscribe("the page of calls", events.finished)
         self._events = events
         # routes a reload took out, until the calls on them end
         self._retiring: dict[Route, asyncio.Task[None]] = {}
@@ -108,7 +108,7 @@ class GatewayService:
         what it asked for: its stream flag, its messages, the provider its model names."""
         model = asked.model
         assert model is not None
-        meter = Meter(self._writer, ctx, model, asked.messages, self.live.price_of(model))
+        meter = Meter(self._bus, ctx, model, asked.messages, self.live.price_of(model))
         meter.record.stream = asked.stream
         _resolved(meter, self.live.routes.get(model))
         meter.error(exc)
@@ -118,7 +118,7 @@ class GatewayService:
         model: str = body["model"]
         route, on_submit = self._entered(model)
         price = self.live.price_of(model)
-        meter = Meter(self._writer, ctx, model, len(body["messages"]), price, on_submit)
+        meter = Meter(self._bus, ctx, model, len(body["messages"]), price, on_submit)
         stream = body.get("stream") is True
         # what a call refused before its flow (a budget, an unknown model) still says
         meter.record.stream = stream
@@ -171,7 +171,7 @@ class GatewayService:
         model: str = body["model"]
         route, on_submit = self._entered(model)
         # no price: a count spends nothing a budget or a bill counts
-        meter = Meter(self._writer, ctx, model, len(body["messages"]), None, on_submit)
+        meter = Meter(self._bus, ctx, model, len(body["messages"]), None, on_submit)
         _resolved(meter, route)
         try:
             self._admitted(route, model, ctx)
@@ -238,7 +238,7 @@ class GatewayService:
         use; a changed profile's new route gets one of its own)."""
         if route.fleet is None:
             return None
-        return route.fleet.keeper(self._writer, self.live.price_of(route.name))
+        return route.fleet.keeper(self._bus, self.live.price_of(route.name))
 
     def use(self, live: LiveConfig) -> None:
         """Serve new calls from ``live``; a route it does not keep is closed once the calls

@@ -32,7 +32,7 @@ from boundedcode_gateway.llama_server.template_checks import (
     renders_mid_system,
     renders_newline_before_end,
 )
-from boundedcode_gateway.metering.writer import MeterWriter
+from boundedcode_gateway.metering.bus import RecordSink
 from boundedcode_gateway.upstream.http import HttpClient
 from boundedcode_gateway.upstream.probe import ServerProbe
 from boundedcode_gateway.upstream.profile_key import bearer_headers
@@ -182,7 +182,7 @@ class LocalFleet:
             group = f"key:{caller or ''}"
         return self.pool.lease((task, purpose), group)
 
-    def keeper(self, writer: MeterWriter, price: PriceSettings | None) -> CacheKeeper | None:
+    def keeper(self, records: RecordSink, price: PriceSettings | None) -> CacheKeeper | None:
         """The follow-up of a llama.cpp profile's answers (made on first use, once the
         servers showed they are llama.cpp); None for any other server."""
         if self._keeper is None:
@@ -191,7 +191,7 @@ class LocalFleet:
                 return None
             repair = all(m.cache_repair for m in self.pool.members)
             server = CacheServer(self.pool.headers_for, repair)
-            self._keeper = CacheKeeper(self.name, server, self._http, writer, price)
+            self._keeper = CacheKeeper(self.name, server, self._http, records, price)
         return self._keeper
 
     @property
