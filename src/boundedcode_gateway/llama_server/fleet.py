@@ -23,6 +23,7 @@ from boundedcode_gateway.llama_server.api import MalformedAnswer, ServerRefused
 from boundedcode_gateway.llama_server.cache_keeper import CacheKeeper, CacheServer
 from boundedcode_gateway.llama_server.flags import LOOPBACK, server_flags_continue
 from boundedcode_gateway.llama_server.pool import ServerLease, ServerPool
+from boundedcode_gateway.llama_server.probe import ServerProbe
 from boundedcode_gateway.llama_server.servers import server_pool
 from boundedcode_gateway.llama_server.template_checks import (
     NEWLINE_BUDGET_MESSAGE,
@@ -34,7 +35,6 @@ from boundedcode_gateway.llama_server.template_checks import (
 )
 from boundedcode_gateway.metering.bus import RecordSink
 from boundedcode_gateway.upstream.http import HttpClient
-from boundedcode_gateway.upstream.probe import ServerProbe
 from boundedcode_gateway.upstream.profile_key import bearer_headers
 from boundedcode_gateway.upstream.server_traits import ServerTraits
 
@@ -54,7 +54,6 @@ class LocalFleet:
         name: str,
         pool: ServerPool,
         http: HttpClient,
-        headers: Callable[[], dict[str, str]],
         isolation: str = "none",
     ) -> None:
         self.name = name
@@ -67,7 +66,7 @@ class LocalFleet:
         # the one server of a profile that names one the gateway does not run: is it
         # answering (for readiness)
         self._probe = (
-            ServerProbe(pool.healthy_root() + "/health", http, headers)
+            ServerProbe(pool.api, pool.healthy_root())
             if not pool.several and self.managed is None
             else None
         )
@@ -301,7 +300,7 @@ def local_fleet(
     pool = server_pool(name, profile, config, http, headers)
     if pool is None:
         return None
-    return LocalFleet(name, pool, http, headers, profile.cache_isolation)
+    return LocalFleet(name, pool, http, profile.cache_isolation)
 
 
 def slots_summary(slots: list[Any]) -> dict[str, Any]:

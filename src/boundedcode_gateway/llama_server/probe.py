@@ -1,5 +1,6 @@
-"""Whether a server the gateway does not run is answering: one short request, its
-verdict kept for a moment so that a readiness check polled often costs no more."""
+"""Whether a local server the gateway does not run is answering: one short ``GET /health``
+through the server's API client, its verdict kept for a moment so that a readiness check
+polled often costs no more."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from boundedcode_gateway.errors import GatewayError
-from boundedcode_gateway.upstream.http import HttpClient, read_body
+from boundedcode_gateway.llama_server.api import LlamaServerAPI, ServerRefused
 
 PROBE_TIMEOUT_S = 2.0
 # how long a verdict is reused
@@ -19,21 +20,17 @@ LOADING = 503
 
 
 class ServerProbe:
-    """``GET url``: any answer but 503 means the server is up (a server without the path
-    answers 404, which is as good); a refused connection or silence means it is not."""
+    """``GET /health`` of the server at ``root``: any answer but 503 means it is up (a
+    server that is not llama.cpp may answer 404, which is as good); a refused connection
+    or silence means it is not."""
 
     def __init__(
-        self,
-        url: str,
-        http: HttpClient,
-        headers: Callable[[], dict[str, str]],
-        clock: Callable[[], float] = time.monotonic,
+        self, api: LlamaServerAPI, root: str, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self._url = url
-        self._http = http
-        self._headers = headers
+        self._api = api
+        self._root = root
         self._clock = clock
-        parts = urlsplit(url)
+        parts = urlsplit(root)
         # the server by scheme, host and port only: a URL may carry credentials
         port = f":{parts.port}" if parts.port else ""
         self._where = f"the server at {parts.scheme}://{parts.hostname}{port}"
@@ -58,12 +55,12 @@ class ServerProbe:
     async def _probe(self) -> str | None:
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S):
-                resp = await self._http.send("GET", self._url, self._headers(), resend_safe=True)
-                await read_body(resp)
+                await self._api.health(self._root)
         except TimeoutError:
             return f"{self._where} did not answer within {PROBE_TIMEOUT_S:g} s"
         except GatewayError as exc:
             return f"{self._where} cannot be reached: {exc.message}"
-        if resp.status == LOADING:
-            return f"{self._where} answers 503 (loading its model)"
+        except ServerRefused as refused:
+            if refused.status == LOADING:
+                return f"{self._where} answers 503 (loading its model)"
         return None
