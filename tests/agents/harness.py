@@ -155,6 +155,13 @@ class AgentRun:
         )
 
 
+# the environment each gateway is started with, copied once, on the main thread, when the
+# module is imported: the runs start their gateways from threads of their own, while pytest
+# sets and removes PYTEST_CURRENT_TEST on the main thread, and copying os.environ as a key
+# goes raises KeyError
+STARTING_ENVIRONMENT = dict(os.environ)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -173,7 +180,7 @@ def gateway_process(
     config.write_text(yaml.safe_dump({"data_dir": str(data_dir), "models": profiles}))
     # this tree's gateway, or the one whose sources AGENTS_GATEWAY_SRC names
     src = os.environ.get("AGENTS_GATEWAY_SRC") or str(REPO / "src")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(REPO)])}
+    env = {**STARTING_ENVIRONMENT, "PYTHONPATH": os.pathsep.join([src, str(REPO)])}
     port = free_port()
     log = (data_dir / "gateway.out").open("wb")
     argv = [sys.executable, "-m", "boundedcode_gateway", "serve", "--config", str(config)]

@@ -334,7 +334,7 @@ def test_a_long_message_of_digit_runs_is_read_at_the_cost_of_plain_text(
     took = _best_of(5, lambda: is_context_overflow(message, None, None, 400))
     linear = _best_of(5, lambda: is_context_overflow(plain, None, None, 400))
     assert took < 0.05, f"{took * 1000:.1f} ms"
-    assert took < 20 * linear + 0.002, f"{took * 1000:.2f} ms against {linear * 1000:.2f} ms"
+    assert took < 20 * linear + 0.02, f"{took * 1000:.2f} ms against {linear * 1000:.2f} ms"
 
 
 @pytest.mark.parametrize("shape", list(ADVERSARIAL))
@@ -348,7 +348,9 @@ def test_every_pattern_is_linear_on_digit_runs(shape: str) -> None:
     for pattern in patterns:
         took = _best_of(3, lambda: pattern.search(message))  # noqa: B023 - called at once
         linear = _best_of(3, lambda: pattern.search(plain))  # noqa: B023
-        assert took < 20 * linear + 0.002, f"{pattern.pattern}: {took * 1000:.1f} ms"
+        # the slack is far above a busy machine's noise and far below a quadratic search
+        # (seconds): a bound of 2 ms failed one run under load at 2.5 ms
+        assert took < 20 * linear + 0.02, f"{pattern.pattern}: {took * 1000:.1f} ms"
 
 
 def test_a_wording_after_a_long_prefix_is_found_in_the_tail() -> None:
