@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from boundedcode_gateway.errors import UpstreamUnavailable
-from boundedcode_gateway.llama_server.cache_keeper import AnsweredCall, CacheKeeper, CacheServer
+from boundedcode_gateway.llama_server.cache_keeper import AnsweredCall, CacheKeeper
 from boundedcode_gateway.llama_server.pool import PoolMember, ServerLease, ServerPool
 from boundedcode_gateway.llama_server.slots import SlotTable
 from boundedcode_gateway.metering.bus import RecordBus
@@ -157,7 +157,7 @@ def test_the_keeper_repairs_in_the_answers_slot_or_not_at_all(
         pool = _pool(running.url, slots=1)
         writer = MeterWriter(tmp_path / "calls.jsonl", tmp_path / "ledger.db", enabled=False)
         bus = RecordBus(writer)
-        keeper = CacheKeeper("p", CacheServer(lambda root: {}, True), pool.http, bus)
+        keeper = CacheKeeper("p", pool.api, True, bus)
         try:
             a = pool.lease(("a", "agent_turn"), "task:a")
             body, answer = await _send(pool, a)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,21 +44,11 @@ from boundedcode_gateway.policy.cache_misses import (
     token_ends_after,
 )
 from boundedcode_gateway.policy.media import media_parts
-from boundedcode_gateway.upstream.http import HttpClient
 
 log = logging.getLogger(__name__)
 
 # A message the next request will not hold: the rendering is cut where it begins.
 _SENTINEL = "\u2063boundedcode-next-message\u2063"
-
-
-@dataclass(frozen=True, slots=True)
-class CacheServer:
-    """A profile whose servers' slots, chat template and prompt cache the gateway can read
-    and warm (llama.cpp): what a request to a server's root carries, and whether to repair."""
-
-    headers: Callable[[str], dict[str, str]]
-    repair: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,17 +166,18 @@ class CacheKeeper:
     def __init__(
         self,
         profile: str,
-        server: CacheServer,
-        http: HttpClient,
+        api: LlamaServerAPI,
+        repair: bool,
         writer: RecordSink,
         price: PriceSettings | None = None,
     ) -> None:
         self._profile = profile
         # a reload may change it for the repairs that follow
         self.price = price
-        self._api = LlamaServerAPI(http, server.headers)
+        # the servers' own client (their keys), as the pool that leases them has it
+        self._api = api
         self._writer = writer
-        self._repair = server.repair
+        self._repair = repair
         self._jobs: set[asyncio.Task[None]] = set()
         self._repairing: set[asyncio.Task[None]] = set()
 

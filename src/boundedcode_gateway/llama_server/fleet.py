@@ -20,7 +20,7 @@ from typing import Any
 from boundedcode_gateway.config import GatewayConfig, ModelProfile, PriceSettings
 from boundedcode_gateway.errors import GatewayError, MalformedResponse
 from boundedcode_gateway.llama_server.api import MalformedAnswer, ServerRefused
-from boundedcode_gateway.llama_server.cache_keeper import CacheKeeper, CacheServer
+from boundedcode_gateway.llama_server.cache_keeper import CacheKeeper
 from boundedcode_gateway.llama_server.flags import LOOPBACK, server_flags_continue
 from boundedcode_gateway.llama_server.pool import ServerLease, ServerPool
 from boundedcode_gateway.llama_server.probe import ServerProbe
@@ -53,7 +53,6 @@ class LocalFleet:
         self,
         name: str,
         pool: ServerPool,
-        http: HttpClient,
         isolation: str = "none",
     ) -> None:
         self.name = name
@@ -70,7 +69,6 @@ class LocalFleet:
             if not pool.several and self.managed is None
             else None
         )
-        self._http = http
         self._traits: ServerTraits | None = None
         self._traits_lock = asyncio.Lock()
         self._count_request: CountRequest | None = None
@@ -189,8 +187,7 @@ class LocalFleet:
             if traits is None or not traits.llama_cpp:
                 return None
             repair = all(m.cache_repair for m in self.pool.members)
-            server = CacheServer(self.pool.headers_for, repair)
-            self._keeper = CacheKeeper(self.name, server, self._http, records, price)
+            self._keeper = CacheKeeper(self.name, self.api, repair, records, price)
         return self._keeper
 
     @property
@@ -300,7 +297,7 @@ def local_fleet(
     pool = server_pool(name, profile, config, http, headers)
     if pool is None:
         return None
-    return LocalFleet(name, pool, http, profile.cache_isolation)
+    return LocalFleet(name, pool, profile.cache_isolation)
 
 
 def slots_summary(slots: list[Any]) -> dict[str, Any]:
