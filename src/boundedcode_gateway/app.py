@@ -33,6 +33,7 @@ from boundedcode_gateway.live_config import (
     route_changes,
 )
 from boundedcode_gateway.llama_server.fleet import LocalFleet
+from boundedcode_gateway.llama_server.slot_store import SLOT_FILES_FOLDER, SlotStore
 from boundedcode_gateway.locations import describe, explain
 from boundedcode_gateway.metering.bus import RecordBus
 from boundedcode_gateway.metering.calllog import read_tail
@@ -126,8 +127,16 @@ class GatewayApp:
         self.events = CallEvents()
         records = RecentRecords()
         self.bus.subscribe("the page's records", records.remember)
+        # each conversation's saved llama-server slot, kept across servers and restarts
+        self.slot_store = (
+            SlotStore(config.data_path / SLOT_FILES_FOLDER, config.prompt_cache.disk_bytes)
+            if config.prompt_cache.slot_files
+            else None
+        )
         self.service = GatewayService(
-            build_live_config(config, self.http, listen_host=listen_host),
+            build_live_config(
+                config, self.http, listen_host=listen_host, slot_store=self.slot_store
+            ),
             self.http,
             self.bus,
             self.reasoning,
@@ -143,12 +152,12 @@ class GatewayApp:
         # a line on stderr per failed or refused call
         self.failures = FailureLog()
         self.bus.subscribe("the failure log", self.failures.observe)
-        self.sweeper = (
-            IdleTaskSweeper(self.state, retention.task_days)
-            if retention.task_days is not None
-            else None
-        )
-        self._sweeping: asyncio.Task[None] | None = None
+        self.sweepers: list[IdleTaskSweeper] = []
+        if retention.task_days is not None:
+            self.sweepers.append(IdleTaskSweeper(self.state, retention.task_days))
+            if self.slot_store is not None:
+                self.sweepers.append(IdleTaskSweeper(self.slot_store, retention.task_days))
+        self._sweeping: list[asyncio.Task[None]] = []
         self.body_parser = BodyParser(config.limits.max_parsing_bytes)
         ui = UiRoutes(
             self.service,
@@ -203,8 +212,7 @@ class GatewayApp:
         await self._restore_budgets()
         self.bus.start()
         self.writer.start()
-        if self.sweeper is not None:
-            self._sweeping = asyncio.create_task(self.sweeper.run())
+        self._sweeping = [asyncio.create_task(sweeper.run()) for sweeper in self.sweepers]
         await _start(self.service.live.routes.values())
 
     async def _prepare_ledger(self) -> None:
@@ -255,10 +263,10 @@ class GatewayApp:
         for task in list(self._reloads):
             task.cancel()
         await asyncio.gather(*self._reloads, return_exceptions=True)
-        if self._sweeping is not None:
-            self._sweeping.cancel()
+        for sweeping in self._sweeping:
+            sweeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeping
+                await sweeping
         await self.service.close()
         await self.http.close()
         await self.bus.close()
@@ -292,7 +300,14 @@ class GatewayApp:
                 if config.auth is not None
                 else None
             )
-            new = build_live_config(config, self.http, old, self.listen_host, secrets=secrets)
+            new = build_live_config(
+                config,
+                self.http,
+                old,
+                self.listen_host,
+                secrets=secrets,
+                slot_store=self.slot_store,
+            )
             _check_listening(self.listen_host, old.config, config)
         except ConfigError as exc:
             return _refused(str(exc))

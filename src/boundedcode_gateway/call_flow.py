@@ -36,13 +36,14 @@ from boundedcode_gateway.metering.meter import Meter, derived_ttft
 from boundedcode_gateway.policy import structured
 from boundedcode_gateway.policy.cache_misses import (
     NOT_A_MISS,
+    RESTORE_INEFFECTIVE,
     ContinuityTable,
     MissReport,
     PreviousCall,
     classify,
 )
 from boundedcode_gateway.policy.capabilities import check_request
-from boundedcode_gateway.policy.history_diff import History
+from boundedcode_gateway.policy.history_diff import History, stable_digest
 from boundedcode_gateway.policy.reasoning import REASONING_FIELD
 from boundedcode_gateway.policy.structured import requested_schema
 from boundedcode_gateway.providers.base import ChatCall, RequestOptions, Upstream
@@ -214,7 +215,12 @@ class CallFlow:
         # the call's server is leased before any request is made of it; its server is
         # chosen when the first request is sent (from its size)
         fleet = self._fleet
-        self._server = fleet.lease(ctx.task, ctx.purpose, caller) if fleet is not None else None
+        if fleet is not None:
+            # the first message tells a client's side requests (a title, a summary) from
+            # its main conversation on the same task: each keeps a slot of its own
+            messages = body["messages"]
+            head = format(stable_digest(messages[0]), "x") if messages else ""
+            self._server = fleet.lease(ctx.task, ctx.purpose, caller, head)
         return ChatCall(body, options, caps, schema, task_reasoning, ctx.call_id)
 
     # -- sending
@@ -340,7 +346,8 @@ class CallFlow:
                     "model %s: the reply does not match the schema it was sent", upstream.name
                 )
         if self._server is not None:
-            self._server.answered(metrics)
+            changed = self._changed
+            self._server.answered(metrics, diverged=changed is not None and changed >= 0)
         if self._keeper is not None:
             self._follow_cache(self._keeper, call, metrics)
 
@@ -354,6 +361,10 @@ class CallFlow:
         if miss is not None and moved is not None and miss.cause not in MOVED_NOT_MISSED:
             # the server that held the conversation was left: nothing else explains it
             miss = dataclasses.replace(miss, cause=moved, at=None)
+        restore = server.restore if server is not None else None
+        if miss is not None and restore is not None and restore.failure is not None:
+            # its slot file was there and bought nothing: that is the miss
+            miss = dataclasses.replace(miss, cause=RESTORE_INEFFECTIVE, at=None)
         self._miss = miss
         root = server.current_root() if server is not None else None
         answer = metrics.answer_message
@@ -431,6 +442,12 @@ class CallFlow:
         r.attempt_log = self._log.entries
         r.retried = self._log.retried
         r.server = self._server.server if self._server is not None else None
+        restore = self._server.restore if self._server is not None else None
+        if restore is not None:
+            r.restored_tokens = restore.tokens or None
+            r.slot_restore_ms = restore.restore_ms
+            r.slot_save_ms = restore.save_ms
+            r.restore_failure = restore.failure
         r.structured_output = self._structured_output
         r.schema_valid = self._schema_valid
         r.adjustments = self._adjustments

@@ -110,8 +110,12 @@ class ServerSettings(_Strict):
     pass_env: tuple[str, ...] = ()
     startup_timeout_s: float = Field(default=300.0, gt=0)
     # re-evaluate each conversation's canonical rendering after an answer (docs/reasoning.md);
-    # the one key that also applies to a server the gateway does not run
+    # with slot_save_path, the keys that also apply to a server the gateway does not run
     cache_repair: bool = True
+    # a server the gateway does not run: the folder it was started with as
+    # ``--slot-save-path``, on this host, for its slots to be saved per conversation
+    # (docs/llama-server.md, "Slot files"); the gateway sets its own servers' folder
+    slot_save_path: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -147,14 +151,20 @@ class ServerSettings(_Strict):
 def _check_server_keys(
     external_url: str | None, model_path: str | None, server: ServerSettings | None
 ) -> None:
-    """``server:`` flags need a server the gateway runs; ``cache_repair`` applies to any."""
+    """``server:`` flags need a server the gateway runs; ``cache_repair`` applies to any,
+    ``slot_save_path`` to a server the gateway does not run."""
     if server is not None and not model_path:
-        flags = server.model_fields_set - {"cache_repair"}
+        flags = server.model_fields_set - {"cache_repair", "slot_save_path"}
         if flags:
             raise ValueError(
-                "'server' settings other than 'cache_repair' apply only to a managed "
-                f"server ('model_path'), not: {', '.join(sorted(flags))}"
+                "'server' settings other than 'cache_repair' and 'slot_save_path' apply only "
+                f"to a managed server ('model_path'), not: {', '.join(sorted(flags))}"
             )
+    if server is not None and model_path and server.slot_save_path is not None:
+        raise ValueError(
+            "'server.slot_save_path' is for a server the gateway does not run: it gives the "
+            "servers it runs a slot folder under data_dir itself"
+        )
 
 
 class PoolServer(_Strict):
@@ -385,6 +395,28 @@ class RetentionSettings(_Strict):
     @property
     def call_log_bytes(self) -> int | None:
         return None if self.call_log_mib is None else int(self.call_log_mib * 1024 * 1024)
+
+
+class PromptCacheSettings(_Strict):
+    """``prompt_cache:``: each conversation's llama-server slot saved to a file and
+    restored wherever its next call goes, and the host-memory prompt cache of the
+    servers the gateway runs (docs/llama-server.md, "Slot files")."""
+
+    # save and restore slots per conversation (managed llama.cpp servers, and those
+    # the gateway does not run that name their server.slot_save_path)
+    slot_files: bool = True
+    # the slot files of the whole gateway at most; the least recently used go first
+    disk_mib: float = Field(default=8192.0, gt=0)
+    # a conversation's slot idle this long is saved (one a restart would lose)
+    idle_save_s: float = Field(default=30.0, gt=0)
+    # the host-memory prompt cache (``--cache-ram``) of all the servers the gateway runs
+    # together, shared out evenly; a server's own server.cache_ram_mib wins; null leaves
+    # each server at llama-server's default (8 GiB)
+    ram_mib: int | None = Field(default=4096, ge=0)
+
+    @property
+    def disk_bytes(self) -> int:
+        return int(self.disk_mib * 1024 * 1024)
 
 
 class ReasoningSettings(_Strict):
@@ -800,6 +832,7 @@ class GatewayConfig(_Strict):
     limits: LimitsSettings = LimitsSettings()
     retention: RetentionSettings = RetentionSettings()
     reasoning: ReasoningSettings = ReasoningSettings()
+    prompt_cache: PromptCacheSettings = PromptCacheSettings()
     # the page of calls at /ui/ (on loopback, or for an admin key with auth:)
     ui: bool = True
     models: dict[str, ModelProfile] = Field(min_length=1)

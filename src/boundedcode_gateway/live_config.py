@@ -20,6 +20,7 @@ from boundedcode_gateway.access.sites import DEFAULT_LISTEN_HOST, SitePolicy
 from boundedcode_gateway.access.token_secret import TokenSecrets, token_secrets
 from boundedcode_gateway.config import GatewayConfig, ModelProfile, PriceSettings
 from boundedcode_gateway.llama_server.fleet import LocalFleet, local_fleet
+from boundedcode_gateway.llama_server.slot_store import SlotStore
 from boundedcode_gateway.providers.base import Upstream
 from boundedcode_gateway.providers.openai_compat.adapter import OpenAICompatUpstream
 from boundedcode_gateway.providers.registry import build_upstream
@@ -44,6 +45,7 @@ RESTART_ONLY: tuple[tuple[str, ...], ...] = (
     ("limits", "max_connections"),
     ("limits", "max_reading_mib"),
     ("retention",),
+    ("prompt_cache",),
 )
 
 
@@ -145,6 +147,7 @@ def build_live_config(
     listen_host: str = DEFAULT_LISTEN_HOST,
     environ: Mapping[str, str] = os.environ,
     secrets: TokenSecrets | None = None,
+    slot_store: SlotStore | None = None,
 ) -> LiveConfig:
     """The routes of ``config``: those of ``previous`` whose inputs are unchanged, new
     upstreams (built, not started) for the others; its callers' keys and the hosts it
@@ -166,7 +169,7 @@ def build_live_config(
         if kept is not None and kept.inputs == inputs:
             routes[name] = kept
         else:
-            routes[name] = build_route(name, profile, config, http, inputs)
+            routes[name] = build_route(name, profile, config, http, inputs, slot_store)
     return LiveConfig(config, routes, sites, authenticator)
 
 
@@ -176,10 +179,12 @@ def build_route(
     config: GatewayConfig,
     http: HttpClient,
     inputs: tuple[object, ...] = (),
+    slot_store: SlotStore | None = None,
 ) -> Route:
     """A profile's route, built, not started: a local profile's servers, and the adapter
-    that is handed their traits and makes the request whose prompt they count."""
-    fleet = local_fleet(name, profile, config, http)
+    that is handed their traits and makes the request whose prompt they count.
+    ``slot_store``: the gateway's slot files (None: slots are not saved)."""
+    fleet = local_fleet(name, profile, config, http, slot_store)
     if fleet is None:
         return Route(name, build_upstream(name, profile, config, http), inputs)
     adapter = OpenAICompatUpstream(name, profile, config, http, fleet)

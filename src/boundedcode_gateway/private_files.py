@@ -12,6 +12,7 @@ opened, with a warning; one it cannot change (another user's) is refused.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -100,6 +101,17 @@ def create_new(path: Path) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` whole (0600), replacing what it held: written beside it,
+    then renamed over it, so a reader never sees half of either."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    with contextlib.suppress(FileNotFoundError):
+        partial.unlink()
+    with create_new(partial) as f:
+        f.write(data)
+    os.replace(partial, path)
 
 
 def tighten(path: Path) -> None:

@@ -290,6 +290,13 @@ class GatewayService:
             return None
         return await route.fleet.servers()
 
+    def slot_files_of(self, model: str) -> dict[str, Any] | None:
+        """What the slot files did for a live local profile (None: none, or a cloud API)."""
+        route = self.live.routes.get(model)
+        if route is None or route.fleet is None:
+            return None
+        return route.fleet.slot_files_view()
+
     def structured_output_refused(self, upstream: Upstream) -> bool:
         """Whether this profile's upstream refused a schema in its form (for the process's life)."""
         return (upstream.name, upstream.schema_form) in self._shared.schema_refused

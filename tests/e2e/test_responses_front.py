@@ -8,6 +8,8 @@ what is refused; and every event and response read by the SDK's own types.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from openai.types.responses import (
     ResponseFunctionToolCall,
 )
 
+from boundedcode_gateway.config import ReasoningSettings
 from boundedcode_gateway.fronts.sealing import KEY_FILE
 from tests.e2e.conftest import Gateway, GatewayFactory, Upstreams
 from tests.fakes.common import Reply
@@ -461,3 +464,41 @@ def test_codex_s_own_request_and_a_namespaced_call(
     assert (call["front"], call["http_status"], call["error_code"]) == ("responses", 200, None)
     assert call["adjustments"]["tools_dropped"] == ["web_search"]
     assert call["adjustments"]["tools_flattened"] == ["multi_agent_v1"]
+
+
+# a seal older than this (2 s) is refused where the setting is in force
+SHORT_SEAL_AGE_DAYS = 2 / 86400
+
+
+@pytest.mark.parametrize("when", ["at-start", "by-a-reload"])
+def test_the_configured_seal_age_is_the_one_a_gateway_holds_seals_to(
+    upstreams: Upstreams, start_gateway: GatewayFactory, tmp_path: Any, when: str
+) -> None:
+    """The second gateway's store is empty: the seal alone could give the reasoning back,
+    and ``reasoning.seal_max_age_days``, set in its configuration at start or by a reload,
+    refuses it once older than that."""
+    shared = tmp_path / "shared"
+    first = start_gateway(upstreams.profiles, data_dir=shared / "a")
+    (shared / "b").mkdir(parents=True)
+    copy = shared / "b" / "front-seal.key"
+    copy.write_bytes((shared / "a" / "front-seal.key").read_bytes())
+    copy.chmod(0o600)
+    short = {"seal_max_age_days": SHORT_SEAL_AGE_DAYS}
+    if when == "at-start":
+        second = start_gateway(upstreams.profiles, data_dir=shared / "b", reasoning=short)
+    else:
+        second = start_gateway(upstreams.profiles, data_dir=shared / "b")
+        app = second.app
+        config = app.config.model_copy(update={"reasoning": ReasoningSettings(**short)})
+        assert app.loop is not None
+        result = asyncio.run_coroutine_threadsafe(app.reload(config), app.loop).result(60)
+        assert result.applied, result.reason
+    upstreams.llama.queue(TURNS[0], TURNS[4], TURNS[4])
+    items: list[Any] = [{"role": "user", "content": "Read."}]
+    answer = create(first.client(task="one"), items)
+    # at once, the seal opens: the setting refuses only what is older than it
+    create(second.client(task="one"), items + answered(answer, True, "x"))
+    assert sent_reasoning(upstreams)[-1] == [TURNS[0].reasoning_content]
+    time.sleep(SHORT_SEAL_AGE_DAYS * 86400 + 0.5)
+    create(second.client(task="one"), items + answered(answer, True, "x"))
+    assert sent_reasoning(upstreams)[-1] == [None]

@@ -35,6 +35,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -73,6 +74,8 @@ from tests.fakes.common import (
 )
 
 BUILD_INFO = "b11434-fake"
+# what llama.cpp writes first in a slot's state file ("ggsq" as a little-endian uint32)
+SLOT_FILE_MAGIC = b"qsgg"
 MEDIA_MARKER = "<__media__>"
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
@@ -233,6 +236,8 @@ class FakeLlamaServer:
         self.prompt_ms_per_token = prompt_ms_per_token
         self.predicted_ms_per_token = predicted_ms_per_token
         self.model_alias = model_alias
+        # the GGUF file it serves, as /props names it (a slot file records it)
+        self.model_path = f"/models/{model_alias}.gguf"
         self.thinking = thinking
         self.progress_batch = progress_batch
         self.tokens_per_chunk = tokens_per_chunk
@@ -263,6 +268,14 @@ class FakeLlamaServer:
         self.cache_requests = Recorder()
         # `--slot-save-path` given: slots may be erased (POST /slots/{id}?action=erase)
         self.slot_actions = True
+        # the `--slot-save-path` folder slots are saved to and restored from (None: erase
+        # only); the files are the fake's own, begun with llama.cpp's state magic
+        self.slot_save_path: Path | None = None
+        # a model whose restored state the server does not reuse (llama.cpp's hybrid and
+        # sliding-window models): a restore answers as usual and the slot keeps nothing
+        self.restore_ineffective = False
+        self.saved: list[tuple[int, str]] = []  # (slot, file name) of each save, in order
+        self.restored: list[tuple[int, str]] = []  # the same of each restore
         self.erased: list[int] = []  # the slots erased, in order
         self.replies: deque[Reply] = deque()
         # answers a chat request when no reply is queued (a scripted model); None: the
@@ -325,7 +338,7 @@ class FakeLlamaServer:
             "total_slots": self.total_slots,
             "model_alias": self.model_alias,
             "model_ftype": "Q4_K - Medium",
-            "model_path": f"/models/{self.model_alias}.gguf",
+            "model_path": self.model_path,
             "modalities": {"vision": self.vision, "video": self.video, "audio": self.audio},
             "media_marker": MEDIA_MARKER,
             "endpoint_slots": True,
@@ -748,10 +761,16 @@ class FakeLlamaServer:
         await self._send(send, 200, out)
 
     async def _slot_action(self, req: HttpRequest, send: Send) -> None:
-        """`POST /slots/{id}?action=erase`, as llama-server run with `--slot-save-path`
-        answers it: once the slot is not processing, its tokens are gone."""
+        """`POST /slots/{id}?action=erase|save|restore`, as llama-server run with
+        `--slot-save-path` answers it, once the slot is not processing: an erased slot's
+        tokens are gone; a saved one's are in a file of the folder, which a restore loads
+        into a slot."""
         index = int(req.path.rsplit("/", 1)[1])
-        if "action=erase" not in req.query.split("&"):
+        query = req.query.split("&")
+        if "action=save" in query or "action=restore" in query:
+            await self._save_or_restore(req, send, index, "action=save" in query)
+            return
+        if "action=erase" not in query:
             raise LlamaError(400, "Invalid action")
         if not self.slot_actions:
             raise LlamaError(
@@ -770,6 +789,75 @@ class FakeLlamaServer:
             self.slot_info[slot] = {}
         self.erased.append(slot)
         await self._send(send, 200, {"id_slot": slot, "n_erased": erased})
+
+    async def _save_or_restore(self, req: HttpRequest, send: Send, index: int, save: bool) -> None:
+        folder = self.slot_save_path
+        if folder is None or not self.slot_actions:
+            raise LlamaError(
+                501,
+                "This server does not support slots action. Start it with `--slot-save-path`",
+                "not_supported_error",
+            )
+        filename = _parse_body(req).get("filename")
+        if not isinstance(filename, str) or not _valid_filename(filename):
+            raise LlamaError(400, "Invalid filename")
+        self._resize_slots()
+        slot = index % self.total_slots
+        cond = self._condition()
+        async with cond:
+            while slot in self._busy:
+                await cond.wait()
+            path = folder / filename
+            if save:
+                tokens = self.slot_tokens[slot]
+                state = {"model": self.model_path, "n_ctx": self.n_ctx, "tokens": tokens}
+                data = SLOT_FILE_MAGIC + orjson.dumps(state)
+                path.write_bytes(data)
+                self.saved.append((slot, filename))
+                answer: JSON = {
+                    "id_slot": slot,
+                    "filename": filename,
+                    "n_saved": len(tokens),
+                    "n_written": len(data),
+                    "timings": {"save_ms": 1.0},
+                }
+            else:
+                restored = self._read_slot_file(path)
+                if restored is None:
+                    raise LlamaError(
+                        400,
+                        "Unable to restore slot, no available space in KV cache or invalid "
+                        "slot save file",
+                    )
+                self.slot_tokens[slot] = [] if self.restore_ineffective else restored
+                self.slot_info[slot] = {}
+                self.restored.append((slot, filename))
+                answer = {
+                    "id_slot": slot,
+                    "filename": filename,
+                    "n_restored": len(restored),
+                    "n_read": path.stat().st_size,
+                    "timings": {"restore_ms": 1.0},
+                }
+        await self._send(send, 200, answer)
+
+    def _read_slot_file(self, path: Path) -> list[str] | None:
+        """A slot file's tokens; None for one llama.cpp would refuse: missing, not begun
+        with the state magic, cut short, or of another model's or context's layout."""
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        if not data.startswith(SLOT_FILE_MAGIC):
+            return None
+        try:
+            state = orjson.loads(data[len(SLOT_FILE_MAGIC) :])
+        except orjson.JSONDecodeError:
+            return None
+        if state.get("model") != self.model_path or state.get("n_ctx") != self.n_ctx:
+            return None
+        tokens = state.get("tokens")
+        return [str(t) for t in tokens] if isinstance(tokens, list) else None
 
     async def _apply_template(self, req: HttpRequest, send: Send) -> None:
         """`POST /apply-template`: the prompt a chat request renders to (its media loaded
@@ -977,6 +1065,11 @@ class FakeLlamaServer:
 
 
 # ---------------------------------------------------------------------- request checks
+
+
+def _valid_filename(name: str) -> bool:
+    """A slot file's name as llama-server takes it: a plain name, no folder."""
+    return bool(name) and "/" not in name and "\\" not in name and name not in (".", "..")
 
 
 def _parse_body(req: HttpRequest) -> JSON:

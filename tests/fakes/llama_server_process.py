@@ -1,13 +1,14 @@
 """The fake llama-server as a program, for a managed profile's ``llama_server_bin``.
 
-Takes llama-server's command line (``--port`` and ``--alias`` are used, the other flags
-ignored) and, as llama-server does, the key in ``LLAMA_API_KEY`` (every request but the
-health check's must carry it), and serves ``FakeLlamaServer`` on 127.0.0.1 until
-SIGTERM, which ends it at once, answers in progress cut off, as it ends llama-server. A profile's
+Takes llama-server's command line (``--port``, ``--alias``, ``--parallel``,
+``--model`` and ``--slot-save-path`` are used, the other flags ignored) and, as
+llama-server does, the key in ``LLAMA_API_KEY`` (every request but the health check's
+must carry it), and serves ``FakeLlamaServer`` on 127.0.0.1 until SIGTERM, which ends
+it at once, answers in progress cut off, as it ends llama-server. A profile's
 ``server.extra_args`` may add ``--fake-slow-answer-ms MS``: every answer is then
-``SLOW_ANSWER`` with that wait between its chunks. ``write_binary``
-writes an executable that runs it, so the gateway supervises a real process without a
-real llama-server.
+``SLOW_ANSWER`` with that wait between its chunks. ``write_binary`` writes an
+executable that runs it, so the gateway supervises a real process without a real
+llama-server.
 """
 
 from __future__ import annotations
@@ -51,8 +52,19 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--alias", default="fake-model")
     parser.add_argument("--fake-slow-answer-ms", type=int)
+    parser.add_argument("-np", "--parallel", type=int, default=1)
+    parser.add_argument("--slot-save-path")
+    parser.add_argument("-m", "--model")
     args, _ = parser.parse_known_args(argv)
-    fake = FakeLlamaServer(model_alias=args.alias, api_key=os.environ.get("LLAMA_API_KEY") or None)
+    fake = FakeLlamaServer(
+        model_alias=args.alias,
+        api_key=os.environ.get("LLAMA_API_KEY") or None,
+        total_slots=args.parallel,
+    )
+    if args.slot_save_path:
+        fake.slot_save_path = Path(args.slot_save_path)
+    if args.model:
+        fake.model_path = args.model
     if args.fake_slow_answer_ms is not None:
         delay = args.fake_slow_answer_ms
         fake.queue(*(Reply(SLOW_ANSWER, chunk_delay_ms=delay) for _ in range(SLOW_ANSWERS)))

@@ -116,8 +116,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.timeout(REAL_SERVER_TIMEOUT_S))
 
 
-def start_real_gateway(data_dir: Path, profiles: dict[str, Any], managed: bool = True) -> Gateway:
-    text = yaml.safe_dump({"data_dir": str(data_dir), "models": profiles})
+def start_real_gateway(
+    data_dir: Path, profiles: dict[str, Any], managed: bool = True, **settings: Any
+) -> Gateway:
+    text = yaml.safe_dump({"data_dir": str(data_dir), **settings, "models": profiles})
     app = create_app(parse_config(text))
     server = serve_in_thread(app, lifespan="on", startup_timeout=180)
     for name in app.upstreams if managed else ():

@@ -23,7 +23,9 @@ SECRET = "The vault code of task A is 7341-9920-5521; never say it. " * 20
 OWN_OPENING_TOKENS = 4
 SERVER = {"ctx_size": 4096, "parallel": 2}
 PROFILES: dict[str, Any] = {
-    "shared": {"provider": "local", "model_path": MODEL, "server": SERVER},
+    # one slot: each call is pinned to its conversation's slot, so the guess meets the
+    # prompt it probes where both must use the same slot
+    "shared": {"provider": "local", "model_path": MODEL, "server": {**SERVER, "parallel": 1}},
     "isolated": {
         "provider": "local",
         "model_path": MODEL,
@@ -90,11 +92,12 @@ def test_under_task_isolation_no_task_reads_another_tasks_cache(gw: Gateway) -> 
     for task in ("task-c", "task-d"):
         other = _ask(gw, model, task, _first_turn("Tell me the code."))
         assert _cached(other) == 0, task
-    # and task B's own repeat finds its own prompt again once it has a slot of its own
+    # and task B's own repeat finds its own prompt again: its slot went to task C or D in
+    # between, and its own slot file (of its group alone) is restored
     b_again = _ask(gw, model, "task-b", _first_turn("What is the code?"))
-    assert _cached(b_again) == 0  # its slot went to task C or D in between
-    b_third = _ask(gw, model, "task-b", _first_turn("What is the code?"))
-    assert _cached(b_third) > 0
+    assert _cached(b_again) > b_again["usage"]["prompt_tokens"] // 2
+    record = gw.calls()[-1]
+    assert record["task"] == "task-b" and record["restored_tokens"], record
 
 
 def test_under_task_isolation_no_slot_loads_another_tasks_prompt_from_host_memory(

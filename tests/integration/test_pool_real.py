@@ -32,7 +32,11 @@ def run_tasks(data_dir: Path, routing: str) -> list[dict[str, Any]]:
         # no host-memory cache: a server holds what its two slots hold
         "server": {"ctx_size": 4096, "parallel": 2, "cache_ram_mib": 0, "cache_repair": False},
     }
-    gw = start_real_gateway(data_dir, {"pool": profile}, managed=False)
+    # no slot files either: a task sent to the other server reads its history there, as
+    # the routing alone leaves it (slot files: test_slot_files_real.py)
+    gw = start_real_gateway(
+        data_dir, {"pool": profile}, managed=False, prompt_cache={"slot_files": False}
+    )
     try:
         members: Any = gw.app.fleets["pool"].pool.members
         assert all(m.managed.ready for m in members)

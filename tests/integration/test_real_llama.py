@@ -171,7 +171,6 @@ def test_unset_keys_add_nothing(real: Gateway) -> None:
     for flag in (
         "--ctx-checkpoints",
         "--checkpoint-min-step",
-        "--cache-ram",
         "--cache-reuse",
         "--threads",
         "--chat-template-file",
@@ -180,4 +179,7 @@ def test_unset_keys_add_nothing(real: Gateway) -> None:
         "--metrics",
     ):
         assert flag not in argv
+    # the host-memory prompt cache is the gateway's budget (prompt_cache.ram_mib, 4096 MiB
+    # by default) shared by its three servers, not llama-server's 8 GiB each
+    assert argv[argv.index("--cache-ram") + 1] == str(4096 // 3)
     assert "GGML_OP_OFFLOAD_MIN_BATCH" not in _environ(managed_pid(real, "smol"))

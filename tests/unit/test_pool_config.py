@@ -136,8 +136,8 @@ MISTAKES = [
     (
         "    provider: local\n    servers:\n      - external_url: http://a:1\n"
         "        server: {parallel: 2, cache_repair: false}\n",
-        "<c>:5: models.l.servers.0: 'server' settings other than 'cache_repair' apply only "
-        "to a managed server ('model_path'), not: parallel",
+        "<c>:5: models.l.servers.0: 'server' settings other than 'cache_repair' and "
+        "'slot_save_path' apply only to a managed server ('model_path'), not: parallel",
     ),
     (
         "    provider: local\n    servers:\n      - model_path: /m.gguf\n        colour: red\n",

@@ -15,7 +15,7 @@ from boundedcode_gateway.llama_server.pool import pin_body
 from boundedcode_gateway.llama_server.slots import SlotTable
 
 GROUPS = ("task:a", "task:b", "task:c")
-CONVERSATION = ("t", "agent_turn")
+CONVERSATION = ("t", "agent_turn", "")
 
 # each step: take a slot for a group, or release the n-th slot in use
 steps = st.lists(
@@ -70,10 +70,10 @@ def test_the_keeper_repairs_only_in_a_free_slot_still_its_groups() -> None:
     table = SlotTable(1)
     grant = table.take("task:a", CONVERSATION)
     assert grant is not None
-    assert not table.take_own(0, "task:a")  # a call is in it
+    assert not table.take_own(0, "task:a", CONVERSATION)  # a call is in it
     table.release(0)
-    assert not table.take_own(0, "task:b")
-    assert table.take_own(0, "task:a")
+    assert not table.take_own(0, "task:b", CONVERSATION)
+    assert table.take_own(0, "task:a", CONVERSATION)
     assert table.take("task:b", CONVERSATION) is None  # the repair holds it
     table.release(0)
     taken = table.take("task:b", CONVERSATION)
@@ -96,12 +96,12 @@ def test_a_call_waits_for_a_slot_while_all_are_in_use() -> None:
 
 def test_the_conversation_that_used_a_slot_last_goes_back_to_it() -> None:
     table = SlotTable(2)
-    one = table.take("task:a", ("t", "one"))
-    two = table.take("task:a", ("t", "two"))
+    one = table.take("task:a", ("t", "one", ""))
+    two = table.take("task:a", ("t", "two", ""))
     assert one is not None and two is not None and one.index != two.index
     table.release(one.index)
     table.release(two.index)
-    back = table.take("task:a", ("t", "one"))
+    back = table.take("task:a", ("t", "one", ""))
     assert back is not None and back.index == one.index and not back.erase
 
 
@@ -124,3 +124,87 @@ def test_a_request_is_pinned_to_its_slot_with_one_id_slot(body: dict[str, object
         k: v for k, v in body.items() if k != "id_slot"
     }
     assert pin_body(pinned, 3) == pinned
+
+
+# -- slots saved per conversation (slot files): no isolation, every call pinned
+
+CONVERSATIONS = [("t", "agent", "h1"), ("t", "agent", "h2"), ("u", "agent", "h1"), ("v", "x", "")]
+
+conversation_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("take"), st.integers(min_value=0, max_value=3)),
+        st.tuples(st.just("release"), st.integers(min_value=0, max_value=3)),
+        st.tuples(st.just("save"), st.integers(min_value=0, max_value=3)),
+    ),
+    max_size=80,
+)
+
+
+@given(st.integers(min_value=1, max_value=3), conversation_steps)
+def test_no_conversations_unsaved_tokens_are_lost_and_a_held_one_gets_its_slot(
+    count: int, plan: list[tuple[str, int]]
+) -> None:
+    table = SlotTable(count, isolated=False)
+    # what each slot holds as the server would, and whether that is in its file
+    holds: list[tuple[str, str, str] | None] = [None] * count
+    unsaved: list[bool] = [False] * count
+    in_use: list[int] = []
+    for action, arg in plan:
+        if action == "take":
+            conversation = CONVERSATIONS[arg]
+            free_holding = [i for i in range(count) if i not in in_use and holds[i] == conversation]
+            grant = table.take(None, conversation)
+            if grant is None:
+                assert len(in_use) == count
+                continue
+            assert not grant.erase  # no isolation: nothing is erased
+            if free_holding:
+                assert grant.resident and grant.index in free_holding
+            elif holds[grant.index] is not None and unsaved[grant.index]:
+                # another conversation's unsaved tokens: handed over to be saved first
+                assert grant.leaving is not None
+                assert grant.leaving.conversation == holds[grant.index]
+            else:
+                assert grant.leaving is None
+            if not grant.resident:
+                holds[grant.index], unsaved[grant.index] = conversation, False
+            in_use.append(grant.index)
+        elif action == "release" and in_use:
+            index = in_use.pop(arg % len(in_use))
+            table.filled(index, 100)  # the call left tokens its file does not have
+            unsaved[index] = True
+            table.release(index)
+        elif action == "save":
+            index = arg % count
+            occupant = table.hold_unsaved(index)
+            if index in in_use or not unsaved[index]:
+                assert occupant is None
+                continue
+            assert occupant is not None and occupant.conversation == holds[index]
+            table.saved(index)
+            unsaved[index] = False
+            table.release(index)
+
+
+def test_a_restarted_server_holds_nothing() -> None:
+    table = SlotTable(1, isolated=False)
+    grant = table.take(None, CONVERSATIONS[0])
+    assert grant is not None and not grant.resident
+    table.filled(0, 50)
+    table.release(0)
+    table.emptied(1)
+    assert table.generation == 1
+    again = table.take(None, CONVERSATIONS[0])
+    assert again is not None and not again.resident and again.leaving is None
+
+
+def test_idle_slots_are_found_once_idle_long_enough() -> None:
+    now = [0.0]
+    table = SlotTable(2, isolated=False, clock=lambda: now[0])
+    grant = table.take(None, CONVERSATIONS[0])
+    assert grant is not None
+    table.filled(grant.index, 10)
+    table.release(grant.index)
+    assert table.idle_unsaved(5.0) == []
+    now[0] = 6.0
+    assert table.idle_unsaved(5.0) == [grant.index]

@@ -67,4 +67,7 @@ class Models:
         if servers is not None:
             # names and states only: a process's command line is for the page of calls
             model["servers"] = [{"name": s["name"], "state": s["state"]} for s in servers]
+        slot_files = self.service.slot_files_of(name) if with_servers else None
+        if slot_files is not None:
+            model["slot_files"] = slot_files
         return model

@@ -80,6 +80,25 @@ class LlamaServerAPI:
         """``POST /slots/{index}?action=erase``: the slot's tokens and checkpoints gone."""
         await self._send("POST", root, f"/slots/{index}?action=erase", b"")
 
+    async def save_slot(self, root: str, index: int, filename: str) -> dict[str, Any]:
+        """``POST /slots/{index}?action=save``: the slot's tokens and their KV state
+        written to ``filename`` in the server's ``--slot-save-path`` (its ``n_saved``
+        tokens, ``n_written`` bytes)."""
+        return await self._slot_action(root, index, "save", filename)
+
+    async def restore_slot(self, root: str, index: int, filename: str) -> dict[str, Any]:
+        """``POST /slots/{index}?action=restore``: the slot loaded from ``filename`` in the
+        server's ``--slot-save-path`` (its ``n_restored`` tokens, ``n_read`` bytes)."""
+        return await self._slot_action(root, index, "restore", filename)
+
+    async def _slot_action(
+        self, root: str, index: int, action: str, filename: str
+    ) -> dict[str, Any]:
+        path = f"/slots/{index}?action={action}"
+        return _object(
+            path, await self._json("POST", root, path, orjson.dumps({"filename": filename}))
+        )
+
     async def _post_object(self, root: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return _object(path, await self._json("POST", root, path, orjson.dumps(body)))
 

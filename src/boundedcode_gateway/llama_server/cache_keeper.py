@@ -12,9 +12,10 @@ will (``POST /apply-template``), compares the two (``AnswerEvidence``) and, unle
 turned off, evaluates that canonical rendering (``POST /completion`` with
 ``n_predict: 0``), so the next turn finds its prefix cached. The repair runs only
 while a slot is idle, and a call arriving for the server abandons it. Each repair
-is metered under the purpose ``cache_repair``. Under ``cache_isolation`` the repair
-runs in the slot that served the answer, held as a call holds it, and only while that
-slot is free and still the conversation's group's: it writes no other group's slot.
+is metered under the purpose ``cache_repair``. Where calls are pinned to slots (slot
+files, ``cache_isolation``) the repair runs in the slot that served the answer, held
+as a call holds it, and only while that slot is free and still the conversation's: it
+writes no other conversation's slot.
 """
 
 from __future__ import annotations
@@ -220,12 +221,13 @@ class CacheKeeper:
         current = asyncio.current_task()
         assert current is not None
         self._repairing.add(current)
+        repaired: int | None = None
         try:
-            await self._run_repair(call, rendered)
+            repaired = await self._run_repair(call, rendered)
         finally:
             self._repairing.discard(current)
             if hold is not None:
-                hold.release()
+                hold.release(repaired)
 
     async def _evidence(self, call: AnsweredCall) -> tuple[str, bool] | None:
         """Read the slot before anything else can use it, then compare; returns the next
@@ -271,7 +273,9 @@ class CacheKeeper:
         previous.evidence = evidence
         return rendered, idle
 
-    async def _run_repair(self, call: AnsweredCall, rendered: str) -> None:
+    async def _run_repair(self, call: AnsweredCall, rendered: str) -> int | None:
+        """Evaluate the next request's rendering in the slot; the tokens it holds then
+        (None: the repair failed)."""
         meter = Meter(
             self._writer,
             CallContext.new(call.task, REPAIR_PURPOSE),
@@ -294,7 +298,7 @@ class CacheKeeper:
             raise
         except GatewayError as exc:
             meter.error(exc)
-            return
+            return None
         timings = answer.get("timings") or {}
         cache_n = count_or_none(timings.get("cache_n")) or 0
         record.prompt_tokens = count_or_none(answer.get("tokens_evaluated")) or 0
@@ -310,6 +314,7 @@ class CacheKeeper:
         # from now on the cache holds this rendering: the next call is compared with it
         call.previous.repaired_tokens = record.prompt_tokens
         meter.ok()
+        return record.prompt_tokens
 
     async def _render(self, root: str, body: dict[str, Any]) -> str | None:
         answer = await self._api.apply_template(root, body)

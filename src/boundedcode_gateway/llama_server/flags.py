@@ -93,14 +93,100 @@ def settings_env(settings: ServerSettings) -> dict[str, str]:
     return {**SLOTS_DEBUG_ENV, **CLOSED_CORS_ENV, **env}
 
 
+_PARALLEL_FLAGS = frozenset({"-np", "--parallel"})
+
+
 def slots_of(settings: ServerSettings) -> int:
-    """The server's slot count: ``server.parallel``, else what the gateway takes
-    llama-server's own choice to be."""
-    return settings.parallel or DEFAULT_PARALLEL
+    """The server's slot count: ``server.parallel``, else ``-np``/``--parallel`` of its
+    extra flags, else what the gateway takes llama-server's own choice to be."""
+    return settings.parallel or _extra_parallel(settings.extra_args) or DEFAULT_PARALLEL
+
+
+def _extra_parallel(args: tuple[str, ...]) -> int | None:
+    found: int | None = None
+    for i, arg in enumerate(args):
+        flag, equals, value = arg.partition("=")
+        if flag not in _PARALLEL_FLAGS:
+            continue
+        if not equals:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        if value.isdigit() and int(value) > 0:
+            found = int(value)
+    return found
 
 
 # llama-server's spellings of the one switch its automatic slot count also turns on
 _KV_UNIFIED_FLAGS = frozenset({"-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"})
+
+
+def fixed_slots_argv(settings: ServerSettings) -> list[str]:
+    """The slot count fixed where llama-server would choose it (the gateway pins each
+    call to a slot by number, and llama-server wraps a number past its last slot round
+    to the first): llama-server's own automatic layout, 4 slots on one KV buffer
+    (``--kv-unified``), unless the operator's own flags say otherwise."""
+    if settings.parallel is not None or _extra_parallel(settings.extra_args) is not None:
+        return []
+    argv = ["--parallel", str(DEFAULT_PARALLEL)]
+    if not _KV_UNIFIED_FLAGS & {a.partition("=")[0] for a in settings.extra_args}:
+        argv.append("--kv-unified")
+    return argv
+
+
+# flags whose values change what a slot's saved state is: a file saved under others is
+# not restored (docs/llama-server.md, "Slot files")
+KV_LAYOUT_FLAGS = frozenset(
+    {
+        "-ctk",
+        "--cache-type-k",
+        "-ctv",
+        "--cache-type-v",
+        "-fa",
+        "--flash-attn",
+        "--swa-full",
+        "-kvu",
+        "--kv-unified",
+        "-no-kvu",
+        "--no-kv-unified",
+        "-c",
+        "--ctx-size",
+        "-np",
+        "--parallel",
+        "--rope-scaling",
+        "--rope-scale",
+        "--rope-freq-base",
+        "--rope-freq-scale",
+        "--yarn-orig-ctx",
+        "-lv",
+        "--lora",
+        "--lora-scaled",
+        "--control-vector",
+    }
+)
+
+
+def kv_layout_args(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """The flags of ``argv`` (and their values) that change a slot's saved state."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        flag = arg.partition("=")[0]
+        if flag in KV_LAYOUT_FLAGS:
+            out.append(arg)
+            if "=" not in arg and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                out.append(argv[i + 1])
+    return tuple(out)
+
+
+def slot_files_argv(
+    settings: ServerSettings, slot_dir: Path, cache_ram_mib: int | None
+) -> list[str]:
+    """What a server whose slots are saved and restored per conversation runs with
+    besides its keys: its slot count fixed, the folder it saves slots to
+    (``--slot-save-path``), and its share of the gateway's host-memory prompt cache
+    unless ``server.cache_ram_mib`` sets its own."""
+    argv = fixed_slots_argv(settings)
+    if settings.cache_ram_mib is None and cache_ram_mib is not None:
+        argv += ["--cache-ram", str(cache_ram_mib)]
+    return [*argv, "--slot-save-path", str(slot_dir)]
 
 
 def isolation_argv(settings: ServerSettings, slot_dir: Path) -> list[str]:
@@ -114,11 +200,7 @@ def isolation_argv(settings: ServerSettings, slot_dir: Path) -> list[str]:
     the whole context; the fixed count keeps that (``--kv-unified``) unless the
     operator's own flags say otherwise. Slots of one buffer still hold separate
     sequences: none reads another's."""
-    argv: list[str] = []
-    if settings.parallel is None:
-        argv += ["--parallel", str(DEFAULT_PARALLEL)]
-        if not _KV_UNIFIED_FLAGS & {a.partition("=")[0] for a in settings.extra_args}:
-            argv.append("--kv-unified")
+    argv = fixed_slots_argv(settings)
     if settings.cache_ram_mib is None:
         argv += ["--cache-ram", "0"]
     return [*argv, "--slot-save-path", str(slot_dir)]
@@ -131,9 +213,22 @@ def server_command(
     alias: str,
     settings: ServerSettings,
     slot_dir: Path | None = None,
+    *,
+    isolated: bool = True,
+    cache_ram_mib: int | None = None,
 ) -> ServerCommand:
     """The full command for one managed server on ``127.0.0.1:port``; ``slot_dir``: the
-    profile isolates its prompt cache, and this is the server's slot folder."""
+    server's slot folder, where the profile isolates its prompt cache (``isolated``) or
+    its slots are saved per conversation; ``cache_ram_mib``: its share of the gateway's
+    host-memory prompt cache."""
+    if slot_dir is None:
+        own: list[str] = []
+        if settings.cache_ram_mib is None and cache_ram_mib is not None:
+            own = ["--cache-ram", str(cache_ram_mib)]
+    elif isolated:
+        own = isolation_argv(settings, slot_dir)
+    else:
+        own = slot_files_argv(settings, slot_dir, cache_ram_mib)
     argv = [
         binary,
         "--model",
@@ -147,7 +242,7 @@ def server_command(
         alias,
         "--no-webui",
         *settings_argv(settings),
-        *(isolation_argv(settings, slot_dir) if slot_dir is not None else ()),
+        *own,
     ]
     return ServerCommand(tuple(argv), settings_env(settings), settings.pass_env)
 

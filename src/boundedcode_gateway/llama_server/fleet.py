@@ -25,6 +25,8 @@ from boundedcode_gateway.llama_server.flags import LOOPBACK, server_flags_contin
 from boundedcode_gateway.llama_server.pool import ServerLease, ServerPool
 from boundedcode_gateway.llama_server.probe import ServerProbe
 from boundedcode_gateway.llama_server.servers import server_pool
+from boundedcode_gateway.llama_server.slot_files import SlotFiles
+from boundedcode_gateway.llama_server.slot_store import SlotStore
 from boundedcode_gateway.llama_server.template_checks import (
     NEWLINE_BUDGET_MESSAGE,
     PROBE_MESSAGES,
@@ -167,9 +169,12 @@ class LocalFleet:
 
     # -- calls
 
-    def lease(self, task: str, purpose: str, caller: str | None = None) -> ServerLease:
+    def lease(
+        self, task: str, purpose: str, caller: str | None = None, head: str = ""
+    ) -> ServerLease:
         """A local call's server, chosen when its request is made; under cache isolation,
-        with the group whose slots it may use (its task, or its caller's key)."""
+        with the group whose slots it may use (its task, or its caller's key); ``head``:
+        a digest of the request's first message (its slot's conversation)."""
         isolation = self._isolation
         if isolation == "none":
             group = None
@@ -177,7 +182,7 @@ class LocalFleet:
             group = f"task:{task}"
         else:
             group = f"key:{caller or ''}"
-        return self.pool.lease((task, purpose), group)
+        return self.pool.lease((task, purpose), group, head)
 
     def keeper(self, records: RecordSink, price: PriceSettings | None) -> CacheKeeper | None:
         """The follow-up of a llama.cpp profile's answers (made on first use, once the
@@ -189,6 +194,22 @@ class LocalFleet:
             repair = all(m.cache_repair for m in self.pool.members)
             self._keeper = CacheKeeper(self.name, self.api, repair, records, price)
         return self._keeper
+
+    @property
+    def slot_files(self) -> SlotFiles | None:
+        """The save and restore of the servers' slots per conversation (None: off)."""
+        return self.pool.slot_files
+
+    def slot_files_view(self) -> dict[str, Any] | None:
+        """What the slot files did for this profile, and the servers restored to no more
+        (their restores bought nothing), with why."""
+        files = self.pool.slot_files
+        if files is None:
+            return None
+        return {
+            **dataclasses.asdict(files.counts),
+            "not_restoring": files.not_restoring(),
+        }
 
     @property
     def cache_keeper(self) -> CacheKeeper | None:
@@ -270,6 +291,9 @@ class LocalFleet:
                 server["reason"] = down
                 root = None
         server["slots"] = await self._slots_summary(root) if root is not None else None
+        files = pool.slot_files
+        if files is not None and member.slot_dir is not None:
+            server["restoring_slots"] = files.restoring(member)
         if pool.several:
             server["routing"] = pool.describe(index)
         return server
@@ -287,14 +311,19 @@ class LocalFleet:
 
 
 def local_fleet(
-    name: str, profile: ModelProfile, config: GatewayConfig, http: HttpClient
+    name: str,
+    profile: ModelProfile,
+    config: GatewayConfig,
+    http: HttpClient,
+    store: SlotStore | None = None,
 ) -> LocalFleet | None:
-    """The servers of a local profile (built, not started); None for a cloud API."""
+    """The servers of a local profile (built, not started); None for a cloud API.
+    ``store``: the gateway's slot files (None: slots are not saved)."""
 
     def headers() -> dict[str, str]:
         return bearer_headers(name, profile)
 
-    pool = server_pool(name, profile, config, http, headers)
+    pool = server_pool(name, profile, config, http, headers, store)
     if pool is None:
         return None
     return LocalFleet(name, pool, profile.cache_isolation)

@@ -24,13 +24,16 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from boundedcode_gateway.config import Routing
 from boundedcode_gateway.errors import ConfigError, GatewayError, UpstreamUnavailable
 from boundedcode_gateway.llama_server.api import LlamaServerAPI, MalformedAnswer, ServerRefused
 from boundedcode_gateway.llama_server.launcher import ManagedLlamaServer
-from boundedcode_gateway.llama_server.slots import SlotTable
+from boundedcode_gateway.llama_server.slot_files import RestoreOutcome, SlotFiles
+from boundedcode_gateway.llama_server.slots import SlotGrant, SlotKey, SlotTable
+from boundedcode_gateway.policy.cache_misses import MISS_TOLERANCE_TOKENS
 from boundedcode_gateway.pools.holdings import ConversationKey
 from boundedcode_gateway.pools.routing import NoHealthyServer, Pool, RouteReason
 from boundedcode_gateway.pools.server_state import ServerState
@@ -45,6 +48,8 @@ PROBE_EVERY_S = 1.0
 PROBE_TIMEOUT_S = 2.0
 # a prompt's length in tokens, guessed from its request's bytes before it is sent
 BYTES_PER_TOKEN = 4
+# the longest between two looks for slots idle long enough to save
+SAVE_CHECK_EVERY_S = 5.0
 
 Headers = Callable[[], dict[str, str]]
 
@@ -62,8 +67,20 @@ class PoolMember:
     extra_args: tuple[str, ...] = ()
     # the managed server's restarts when it was last probed: a new one empties its cache
     restarts_seen: int = 0
-    # whose prompts each slot holds, under ``cache_isolation`` (None: any call, any slot)
+    # what each slot holds, where calls are pinned to slots (None: any call, any slot)
     slots: SlotTable | None = None
+    # the server's ``--slot-save-path`` (None: its slots are not saved)
+    slot_dir: Path | None = None
+    # what a slot file it saves must match besides its ``/props`` (model file, KV flags)
+    identity_facts: tuple[str, ...] = ()
+
+    @property
+    def generation(self) -> int:
+        """Which start of the server this is (a server the gateway does not run: 0)."""
+        return self.managed.restarts if self.managed is not None else 0
+
+    def running(self) -> bool:
+        return self.managed.ready if self.managed is not None else self.state.healthy
 
     def root(self) -> str:
         """Where it listens now (a managed server moves to a new port when it restarts)."""
@@ -83,6 +100,7 @@ class ServerPool:
         policy: Routing,
         http: HttpClient,
         headers: Headers,
+        slot_files: Callable[[LlamaServerAPI], SlotFiles] | None = None,
     ) -> None:
         self.name = name
         self.members = tuple(members)
@@ -91,7 +109,10 @@ class ServerPool:
         self._headers = headers
         # every request to a server of the pool, with that server's credentials
         self.api = LlamaServerAPI(http, self.headers_for)
+        # each conversation's slot saved and restored (None: slot files are off)
+        self.slot_files = slot_files(self.api) if slot_files is not None else None
         self._prober: asyncio.Task[None] | None = None
+        self._saver: asyncio.Task[None] | None = None
 
     @property
     def several(self) -> bool:
@@ -106,6 +127,10 @@ class ServerPool:
         servers that answer run the same model alike, then keep probing."""
         managed = [m.managed for m in self.members if m.managed is not None]
         await asyncio.gather(*(m.start() for m in managed))
+        if self.slot_files is not None:
+            await self.slot_files.store.load()
+            await asyncio.gather(*(self._count_slots(m) for m in self.members))
+            self._saver = asyncio.get_running_loop().create_task(self._save_idle_forever())
         if not self.several:
             return
         await asyncio.gather(*(self.probe(m) for m in self.members))
@@ -113,17 +138,96 @@ class ServerPool:
         self._prober = asyncio.get_running_loop().create_task(self._probe_forever())
 
     async def close(self) -> None:
-        if self._prober is not None:
-            self._prober.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._prober
-            self._prober = None
+        """Stop probing; save what the slots hold that their files do not; stop the
+        servers the gateway runs."""
+        for task in (self._prober, self._saver):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._prober = self._saver = None
+        if self.slot_files is not None:
+            self.noticed_restarts()
+            try:
+                saved = await self.slot_files.save_all(self.members)
+            except Exception:
+                log.exception("model %s: saving the slots before the stop failed", self.name)
+            else:
+                if saved:
+                    log.info("model %s: %d slot(s) saved before the stop", self.name, saved)
         await asyncio.gather(*(m.managed.stop() for m in self.members if m.managed is not None))
 
-    def lease(self, key: ConversationKey, group: str | None = None) -> ServerLease:
+    def lease(self, key: ConversationKey, group: str | None = None, head: str = "") -> ServerLease:
         """The lease a call of conversation ``key`` holds (its server chosen on first use);
-        ``group``: whose prompt cache it may use, under ``cache_isolation``."""
-        return ServerLease(self, key, group)
+        ``group``: whose prompt cache it may use, under ``cache_isolation``; ``head``: a
+        digest of its first message, which with ``key`` names its slot's conversation."""
+        return ServerLease(self, key, group, head)
+
+    # -- slots
+
+    def noticed_restarts(self) -> None:
+        """A managed server that started again since its slots were last looked at holds
+        nothing: its table is emptied and its slot files' identity read anew."""
+        for member in self.members:
+            table = member.slots
+            if table is None or table.generation == member.generation:
+                continue
+            table.emptied(member.generation)
+            if self.slot_files is not None:
+                self.slot_files.server_started(member)
+
+    async def _count_slots(self, member: PoolMember) -> None:
+        """A server the gateway does not run whose slots are saved: its slot count, from
+        ``GET /props``, for the table its calls are pinned by (none while unknown)."""
+        if member.slots is not None or member.slot_dir is None:
+            return
+        try:
+            props = await self.api.props(member.root())
+        except (GatewayError, ServerRefused, MalformedAnswer) as exc:
+            log.warning(
+                "model %s: %s: its slots are not saved, its /props cannot be read: %s",
+                self.name,
+                member.state.name,
+                exc,
+            )
+            return
+        count = props.get("total_slots")
+        if isinstance(count, int) and count > 0:
+            member.slots = SlotTable(count, isolated=False)
+
+    async def _save_idle_forever(self) -> None:
+        files = self.slot_files
+        assert files is not None
+        every = min(max(files.idle_save_s / 4, 0.05), SAVE_CHECK_EVERY_S)
+        while True:
+            await asyncio.sleep(every)
+            self.noticed_restarts()
+            try:
+                await files.save_idle(self.members)
+            except Exception:
+                log.exception("model %s: saving idle slots failed", self.name)
+
+    async def ready_slot(
+        self, member: PoolMember, grant: SlotGrant, conversation: SlotKey, group: str | None
+    ) -> RestoreOutcome | None:
+        """Make slot ``grant.index`` of ``member`` ready for a call of ``conversation``: the
+        conversation leaving it saved, the call's own restored, else the slot erased
+        where isolation needs it; what was saved and restored, if anything."""
+        files = self.slot_files
+        outcome: RestoreOutcome | None = None
+        save_ms: float | None = None
+        if files is not None and grant.leaving is not None:
+            save_ms = await files.save(member, grant.index, grant.leaving)
+        if files is not None and not grant.resident:
+            outcome = await files.restore(member, grant.index, conversation, group)
+        if outcome is not None and outcome.tokens and member.slots is not None:
+            member.slots.restored(grant.index, outcome.expected)
+        elif grant.erase:
+            await self.erase_slot(member, grant.index)
+        if save_ms is not None:
+            outcome = outcome or RestoreOutcome()
+            outcome.save_ms = save_ms
+        return outcome
 
     async def erase_slot(self, member: PoolMember, index: int) -> None:
         """Empty slot ``index`` of ``member``'s server (its tokens and checkpoints); the
@@ -251,19 +355,35 @@ class ServerLease:
     call's first request is made, left once for another server if it dies before the
     answer came."""
 
-    __slots__ = ("_group", "_index", "_key", "_moved", "_pool", "_released", "_slot", "reason")
+    __slots__ = (
+        "_conversation",
+        "_group",
+        "_index",
+        "_key",
+        "_moved",
+        "_pool",
+        "_released",
+        "_slot",
+        "reason",
+        "restore",
+    )
 
-    def __init__(self, pool: ServerPool, key: ConversationKey, group: str | None = None) -> None:
+    def __init__(
+        self, pool: ServerPool, key: ConversationKey, group: str | None = None, head: str = ""
+    ) -> None:
         self._pool = pool
         self._key = key
         self._group = group
+        self._conversation: SlotKey = (*key, head)
         self._index: int | None = None
-        # (server, slot) held under cache isolation
+        # (server, slot) held where calls are pinned to slots
         self._slot: tuple[int, int] | None = None
         self._moved = False
         self._released = False
         # why the call went where it did (None until chosen)
         self.reason: RouteReason | None = None
+        # what was saved and restored for the call's slot, and whether it worked
+        self.restore: RestoreOutcome | None = None
 
     @property
     def group(self) -> str | None:
@@ -272,33 +392,41 @@ class ServerLease:
 
     @property
     def slot(self) -> SlotHold | None:
-        """The slot the call ran in, under cache isolation (for the cache keeper's repair)."""
-        if self._slot is None or self._group is None:
+        """The slot the call ran in, where calls are pinned (for the cache keeper's repair)."""
+        if self._slot is None:
             return None
         table = self._pool.members[self._slot[0]].slots
         assert table is not None
-        return SlotHold(table, self._slot[1], self._group)
+        return SlotHold(table, self._slot[1], self._group, self._conversation)
 
     async def pinned(self, body: bytes) -> bytes:
-        """``body`` (an object, as the adapter wrote it) pinned to a slot of the call's
-        group on its server: a slot taken (waiting while all are in use) and erased first
-        if it held another group's prompts. Unchanged without cache isolation."""
+        """``body`` (an object, as the adapter wrote it) pinned to a slot of its server
+        that is ready for the call's conversation (waiting while all are in use): the
+        conversation leaving it saved, the call's own restored from its file, or, under
+        isolation, the slot erased if it held another group's prompts. Unchanged where
+        the server's calls are not pinned."""
         index = self._index
-        if index is None or self._group is None:
+        if index is None:
             return body
-        member = self._pool.members[index]
+        pool = self._pool
+        member = pool.members[index]
         table = member.slots
         if table is None:
             return body
         if self._slot is None or self._slot[0] != index:
             self._release_slot()
-            grant = await table.acquire(self._group, self._key)
-            if grant.erase:
-                try:
-                    await self._pool.erase_slot(member, grant.index)
-                except BaseException:
-                    table.release(grant.index, erased=False)
-                    raise
+            pool.noticed_restarts()
+            grant = await table.acquire(self._group, self._conversation)
+            try:
+                outcome = await pool.ready_slot(member, grant, self._conversation, self._group)
+            except BaseException:
+                table.release(grant.index, erased=False)
+                raise
+            if outcome is not None:
+                # a failover's restore is the one the answer is judged by
+                if self.restore is not None and outcome.save_ms is None:
+                    outcome.save_ms = self.restore.save_ms
+                self.restore = outcome
             self._slot = (index, grant.index)
         return pin_body(body, self._slot[1])
 
@@ -393,11 +521,22 @@ class ServerLease:
         self._take(choice.index, "failover")
         return pool.members[choice.index].root()
 
-    def answered(self, metrics: CallMetrics) -> None:
-        """The answer's timings: what the server now holds of the conversation, its speed."""
+    def answered(self, metrics: CallMetrics, diverged: bool = False) -> None:
+        """The answer's timings: what the server now holds of the conversation, its speed;
+        whether a restore before it worked (``diverged``: the conversation's earlier
+        messages changed since its file was saved, so less of it could be found)."""
         if self._index is None or metrics.prompt_tokens is None:
             return
         cached = metrics.cached_tokens or 0
+        member = self._pool.members[self._index]
+        if self._slot is not None and member.slots is not None:
+            member.slots.filled(self._slot[1], metrics.prompt_tokens)
+        outcome = self.restore
+        if outcome is not None and metrics.cached_tokens is not None:
+            outcome.judge(metrics.prompt_tokens, cached, diverged, MISS_TOLERANCE_TOKENS)
+            files = self._pool.slot_files
+            if files is not None and outcome.verdict not in (None, "effective"):
+                files.ineffective(member, outcome)
         evaluated = metrics.evaluated_tokens
         if evaluated is None:
             evaluated = metrics.prompt_tokens - cached
@@ -423,17 +562,21 @@ class ServerLease:
 
 @dataclass(frozen=True, slots=True)
 class SlotHold:
-    """Slot ``index`` of a server, as its group's: what the cache keeper repairs in."""
+    """Slot ``index`` of a server, as its conversation's: what the cache keeper repairs in."""
 
     table: SlotTable
     index: int
-    group: str
+    group: str | None
+    conversation: SlotKey
 
     def take(self) -> bool:
-        """Hold the slot, if it is free and still the group's."""
-        return self.table.take_own(self.index, self.group)
+        """Hold the slot, if it is free and still holds the conversation (of the group)."""
+        return self.table.take_own(self.index, self.group, self.conversation)
 
-    def release(self) -> None:
+    def release(self, tokens: int | None = None) -> None:
+        """Free it; ``tokens``: what the repair left there for the next call."""
+        if tokens is not None:
+            self.table.filled(self.index, tokens)
         self.table.release(self.index)
 
 

@@ -60,6 +60,15 @@ class CallRecord:
     server: str | None = None
     # the API the caller spoke: "chat" (chat completions), "messages", "responses"
     front: str = "chat"
+    # the tokens of the conversation's slot file loaded into its slot before the call,
+    # and the milliseconds that took; the milliseconds the call waited for the slot's
+    # earlier conversation to be saved (docs/llama-server.md, "Slot files")
+    restored_tokens: int | None = None
+    slot_restore_ms: float | None = None
+    slot_save_ms: float | None = None
+    # call log only: why a slot file bought nothing ("file_refused: …", "reevaluated",
+    # "prefix_diverged"); None when it worked or there was none
+    restore_failure: str | None = None
     # call log only: each attempt's {"status", "code"}, in order
     attempt_log: list[dict[str, Any]] = field(default_factory=list)
     # call log only: what the adapter changed in the request on its own account
@@ -77,7 +86,9 @@ class CallRecord:
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CallRecord))
 # the ledger keeps each call's final outcome; the per-attempt detail is in the call log
-CALL_LOG_ONLY = frozenset({"attempt_log", "adjustments", "miss_at", "error_message"})
+CALL_LOG_ONLY = frozenset(
+    {"attempt_log", "adjustments", "miss_at", "error_message", "restore_failure"}
+)
 LEDGER_FIELDS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f not in CALL_LOG_ONLY)
 # a record a sink could not hold, and why
 Rejected = tuple[CallRecord, Exception]

@@ -230,6 +230,25 @@ class GatewayMetrics:
         return OTHER
 
 
+# each count of the slot files: its metric's name and help (docs/operations.md)
+SLOT_FILE_COUNTS: tuple[tuple[str, str, str], ...] = (
+    ("saves", "slot_saves", "Conversations' slots saved to their slot files"),
+    ("save_failures", "slot_save_failures", "Slot saves that failed (logged)"),
+    ("restores", "slot_restores", "Slot files restored into a slot before a call"),
+    (
+        "refused",
+        "slot_restores_refused",
+        "Slot files not restored: cut, changed, not slot files, of another model or "
+        "refused by the server",
+    ),
+    (
+        "ineffective",
+        "slot_restores_ineffective",
+        "Calls whose slot file bought nothing (refused, evaluated again, or a changed history)",
+    ),
+)
+
+
 class _StateCollector(Collector):
     """What is read when scraped: calls in flight, managed-server restarts, the metering
     queue and its losses, the ledger's buffer, a state database's health."""
@@ -245,6 +264,34 @@ class _StateCollector(Collector):
         self._writer = writer
         self._events = events
         self._state = state
+
+    def _slot_files(self) -> Iterable[Metric]:
+        """The slot files' counts per profile, and the store's size."""
+        families = {
+            field: CounterMetricFamily(f"{PREFIX}_{name}", text, labels=["model"])
+            for field, name, text in SLOT_FILE_COUNTS
+        }
+        seen: set[str] = set()
+        totals = None
+        for route in self._routes.routes():
+            files = route.fleet.slot_files if route.fleet is not None else None
+            if files is None or route.name in seen:  # the live one comes first
+                continue
+            seen.add(route.name)
+            totals = files.store.totals()
+            for field, family in families.items():
+                family.add_metric([route.name], getattr(files.counts, field))
+        if totals is None:
+            return
+        yield from families.values()
+        yield GaugeMetricFamily(
+            f"{PREFIX}_slot_files_bytes",
+            "Bytes of the slot files on disk (prompt_cache.disk_mib at most)",
+            value=totals.bytes,
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_slot_files", "Slot files on disk, one a conversation", value=totals.files
+        )
 
     def collect(self) -> Iterable[Metric]:
         in_flight = GaugeMetricFamily(
@@ -271,6 +318,7 @@ class _StateCollector(Collector):
         w = self._writer
         yield in_flight
         yield restarts
+        yield from self._slot_files()
         yield GaugeMetricFamily(
             f"{PREFIX}_metering_queue_depth",
             "Call records waiting for the meter writer",

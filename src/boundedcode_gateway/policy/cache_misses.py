@@ -37,7 +37,10 @@ MissCause = Literal[
     "server",
     "failover",
     "rebalanced",
+    "restore_ineffective",
 ]
+# a conversation's slot file was restored (or refused) and the call found no more cached
+RESTORE_INEFFECTIVE: MissCause = "restore_ineffective"
 TextVerdict = Literal["match", "template_render", "reasoning_dropped", "unknown"]
 
 

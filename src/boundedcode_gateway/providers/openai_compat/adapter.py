@@ -110,6 +110,17 @@ class OpenAICompatUpstream:
         # a local profile's servers, whose traits decide the capabilities
         self._servers = servers
         self._budget = RetryBudget(profile.retry.max_attempts, profile.retry.max_total_s)
+        # the gateway pins each call to its conversation's slot (slot files): a slot the
+        # caller names would put it in another conversation's
+        self._pins_slots = profile.provider == "local" and config.prompt_cache.slot_files
+
+    def _own_slot_only(self, out: dict[str, Any]) -> None:
+        """Where the gateway pins each call to a slot, the caller names none (and, under
+        cache isolation, asks for no further choices)."""
+        if self._profile.cache_isolation != "none":
+            _keep_to_own_slot(out)
+        elif self._pins_slots:
+            _without_own_slot(out)
 
     @property
     def retry_rules(self) -> RetryRules:
@@ -203,8 +214,7 @@ class OpenAICompatUpstream:
             send_schema=send_schema,
         )
         adjustments: dict[str, Any] = {}
-        if self._profile.cache_isolation != "none":
-            _keep_to_own_slot(out)
+        self._own_slot_only(out)
         if self.provider == "local":
             # a local server's cache: a line new on every request would stop the match there
             messages, removed = strip_system_messages(out["messages"])
@@ -309,11 +319,16 @@ _OWN_SLOT_FIELDS = ("id_slot",)
 _CHOICE_FIELDS = ("n", "n_cmpl")
 
 
+def _without_own_slot(out: dict[str, Any]) -> None:
+    """A caller's ``id_slot`` taken out: the gateway pins the call to its conversation's."""
+    for key in _OWN_SLOT_FIELDS:
+        out.pop(key, None)
+
+
 def _keep_to_own_slot(out: dict[str, Any]) -> None:
     """Under cache isolation a call runs in its group's slot alone: a caller's ``id_slot``
     is taken out (the gateway pins the call), and more than one choice is refused."""
-    for key in _OWN_SLOT_FIELDS:
-        out.pop(key, None)
+    _without_own_slot(out)
     for key in _CHOICE_FIELDS:
         value = out.get(key)
         if value is not None and value != 1:
