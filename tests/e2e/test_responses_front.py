@@ -489,7 +489,8 @@ def test_the_configured_seal_age_is_the_one_a_gateway_holds_seals_to(
     else:
         second = start_gateway(upstreams.profiles, data_dir=shared / "b")
         app = second.app
-        config = app.config.model_copy(update={"reasoning": ReasoningSettings(**short)})
+        reasoning = ReasoningSettings(seal_max_age_days=SHORT_SEAL_AGE_DAYS)
+        config = app.config.model_copy(update={"reasoning": reasoning})
         assert app.loop is not None
         result = asyncio.run_coroutine_threadsafe(app.reload(config), app.loop).result(60)
         assert result.applied, result.reason
