@@ -82,3 +82,40 @@ def test_dropped_reasoning_shows_its_misses(
         "#task-charts rect.purpose-strip", "rs => rs.map(r => r.dataset.purpose)"
     )
     assert purposes == ["agent_turn"] * 4
+
+
+def test_slot_saves_restores_and_a_refused_file_are_marked_on_the_tasks_timeline(
+    start_gateway: GatewayFactory, open_page: OpenPage, tmp_path: Any
+) -> None:
+    from tests.e2e.test_slot_files import Server, chat, store_files, turn
+    from tests.fakes.server import stop_all
+
+    server = Server(tmp_path / "slots")
+    try:
+        gw = start_gateway({"m": server.profile()})
+        a, b = chat(task="a"), chat("Another agent. " * 80, "b")
+        turn(gw, "a", a)
+        turn(gw, "b", b)  # a's slot saved
+        turn(gw, "a", a)  # restored
+        turn(gw, "b", b)  # b's restored, a's saved again
+        for saved in store_files(gw):
+            saved.write_bytes(saved.read_bytes()[:10])  # cut: refused at a's next turn
+        turn(gw, "a", a)
+        calls = [c for c in gw.calls(repairs=True) if c["task"] == "a"]
+        restored = next(c for c in calls if c.get("restored_tokens"))
+        refused = next(c for c in calls if c.get("restore_failure"))
+        page = open_timeline(open_page, gw.url, "a", calls)
+        marks = page.eval_on_selector_all(
+            "#task-charts svg[data-chart='tokens'] g.restored",
+            "gs => gs.map(g => g.dataset.callId)",
+        )
+        assert marks == [restored["call_id"]]
+        assert page.locator("#task-charts svg[data-chart='tokens'] g.slot-save").count() == 2
+        assert (
+            refused["call_id"],
+            "restore_ineffective",
+            "restore ineffective: file_refused: cut",
+        ) in (misses_shown(page))
+        page.screenshot(path=str(tmp_path / "timeline.png"), full_page=True)
+    finally:
+        stop_all([server.running])

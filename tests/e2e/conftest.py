@@ -18,12 +18,15 @@ from boundedcode_gateway.app import GatewayApp, create_app
 from boundedcode_gateway.config import parse_config
 from boundedcode_gateway.ingress.server import protocol_for
 from boundedcode_gateway.metering.calllog import read_calls
+from boundedcode_gateway.metering.records import SLOT_SAVE_PURPOSE
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 from tests.fakes.canned import CannedUpstream
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fakes.openai_api import FakeOpenAI
 from tests.fakes.server import HOST, RunningServer, serve_in_thread, stop_all
 
+# the gateway's own records that follow calls: left out of a test's calls unless asked for
+FOLLOW_UPS = frozenset({REPAIR_PURPOSE, SLOT_SAVE_PURPOSE})
 OPENAI_KEY = "sk-test-key-0123456789"
 COMPAT_KEY = "compat-key-9876543210"
 
@@ -81,10 +84,15 @@ class Gateway:
             time.sleep(0.005)
 
     def calls(self, repairs: bool = False) -> list[dict[str, Any]]:
-        """The call log; the cache keeper's own repairs only when asked for."""
+        """The call log; the gateway's own work for the calls (the cache keeper's repairs,
+        the slot saves) only when asked for."""
         assert self.app.bus.flush(10.0)
         calls = read_calls(self.data_dir / "calls.jsonl")
-        return calls if repairs else [c for c in calls if c["purpose"] != REPAIR_PURPOSE]
+        return calls if repairs else [c for c in calls if c["purpose"] not in FOLLOW_UPS]
+
+    def saves(self) -> list[dict[str, Any]]:
+        """The records of the slot saves."""
+        return [c for c in self.calls(repairs=True) if c["purpose"] == SLOT_SAVE_PURPOSE]
 
     def ledger_rows(self, repairs: bool = False) -> list[dict[str, Any]]:
         assert self.app.bus.flush(10.0)
@@ -92,7 +100,7 @@ class Gateway:
             db.row_factory = sqlite3.Row
             rows = db.execute("SELECT * FROM model_calls ORDER BY started_at, rowid").fetchall()
         out = [dict(r) for r in rows]
-        return out if repairs else [r for r in out if r["purpose"] != REPAIR_PURPOSE]
+        return out if repairs else [r for r in out if r["purpose"] not in FOLLOW_UPS]
 
 
 @pytest.fixture

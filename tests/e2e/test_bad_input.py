@@ -261,7 +261,7 @@ def test_upstream_auth_error_never_shows_the_key(
     assert gw.calls()[0]["http_status"] == 401
 
 
-@pytest.mark.parametrize("purpose", ["cache_repair", "token_count"])
+@pytest.mark.parametrize("purpose", ["cache_repair", "token_count", "slot_save"])
 def test_a_purpose_of_the_gateways_own_is_refused(
     gateway: Gateway, http: httpx.Client, upstreams: Upstreams, purpose: str
 ) -> None:

@@ -78,6 +78,13 @@ def test_a_conversation_evicted_from_the_slot_is_restored_and_reads_only_its_new
     turn(gw, "a", a)  # a's file is restored before its call
     first_a, first_b, second_a = gw.calls()
     assert first_b["slot_save_ms"] is not None and first_b["slot_save_ms"] >= 0
+    # the save is a record of a's task: the gateway's own work, its tokens and time
+    save, b_saved = gw.saves()  # a's when b took the slot, b's when a took it back
+    assert (save["task"], save["status"], save["server"]) == ("a", "ok", server.url)
+    assert b_saved["task"] == "b"
+    tokens = first_a["prompt_tokens"] + first_a["completion_tokens"]
+    assert save["adjustments"] == {"slot_tokens_saved": tokens}
+    assert save["slot_save_ms"] is not None
     assert second_a["restored_tokens"] == first_a["prompt_tokens"] + first_a["completion_tokens"]
     assert second_a["slot_restore_ms"] is not None
     # only what is new since a's last answer is evaluated

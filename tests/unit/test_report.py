@@ -132,7 +132,7 @@ def test_turns_count_per_task_and_purpose_in_start_order() -> None:
 def test_a_filter_keeps_the_turn_numbers() -> None:
     rows = number_turns(read_calls(CALL_LOG, task="fix-parser"))
     kept = select_rows(rows, "agent_turn", parse_since("2026-03-01T10:00:11Z"))
-    assert [r.turn for r in kept] == [3, 4, 5, 6]
+    assert [r.turn for r in kept] == [3, 4, 5, 6, 7]
 
 
 def test_fields_of_another_type_or_missing_read_as_not_reported() -> None:
@@ -219,7 +219,10 @@ def test_repairs_are_apart_unless_asked_for() -> None:
     (report,) = build_report(rows)
     assert all(not r.is_repair for r in report.calls)
     assert (report.totals.repairs, report.totals.repair_evaluated_tokens) == (2, 152)
-    assert report.totals.evaluated_tokens == 6734  # the turns' own, repairs not included
+    # the turns' own, repairs (and the slot save) not included
+    assert report.totals.evaluated_tokens == 7408
+    assert [r.purpose for r in report.saves] == ["slot_save"]
+    assert [r.restored_tokens for r in report.calls][-1] == 1515
     (repairs,) = build_report(select_rows(rows, "cache_repair"), "cache_repair")
     assert [(r.purpose, r.turn) for r in repairs.calls] == [
         ("cache_repair", 1),

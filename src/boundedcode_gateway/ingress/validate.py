@@ -14,7 +14,7 @@ from boundedcode_gateway import openai_refusals as refuse
 from boundedcode_gateway.call_context import TASK_ID
 from boundedcode_gateway.errors import InvalidRequest
 from boundedcode_gateway.json_values import is_int, is_number
-from boundedcode_gateway.metering.records import TOKEN_COUNT_PURPOSE
+from boundedcode_gateway.metering.records import OWN_RECORD_PURPOSES
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 
 PURPOSE = re.compile(r"[a-z_]{1,32}")
@@ -22,7 +22,7 @@ DEFAULT_TASK = "default"
 DEFAULT_PURPOSE = "agent_turn"
 # the purposes of the gateway's own records: a caller's call under one would pass for the
 # gateway's own work on the page, in the report and in the metrics
-GATEWAY_PURPOSES = frozenset({REPAIR_PURPOSE, TOKEN_COUNT_PURPOSE})
+GATEWAY_PURPOSES = frozenset({REPAIR_PURPOSE, *OWN_RECORD_PURPOSES})
 # in the order OpenAI's message lists them
 _ROLE_ORDER = ("system", "assistant", "user", "function", "tool", "developer")
 ROLES = frozenset(_ROLE_ORDER)

@@ -187,6 +187,9 @@ class LocalFleet:
     def keeper(self, records: RecordSink, price: PriceSettings | None) -> CacheKeeper | None:
         """The follow-up of a llama.cpp profile's answers (made on first use, once the
         servers showed they are llama.cpp); None for any other server."""
+        files = self.pool.slot_files
+        if files is not None and files.records is None:
+            files.records = records
         if self._keeper is None:
             traits = self._traits
             if traits is None or not traits.llama_cpp:

@@ -27,15 +27,20 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
+from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.json_values import count_or_none
 from boundedcode_gateway.llama_server.api import LlamaServerAPI, MalformedAnswer, ServerRefused
 from boundedcode_gateway.llama_server.slot_store import REFUSALS, SlotStore, slot_file_name
 from boundedcode_gateway.llama_server.slots import Occupant, SlotKey
+from boundedcode_gateway.metering.bus import RecordSink
+from boundedcode_gateway.metering.meter import Meter
+from boundedcode_gateway.metering.records import SLOT_SAVE_PURPOSE
 
 if TYPE_CHECKING:
     from boundedcode_gateway.llama_server.pool import PoolMember
@@ -121,6 +126,8 @@ class SlotFiles:
         self._api = api
         self.idle_save_s = idle_save_s
         self.counts = SlotFileCounts()
+        # where each save's record goes (the record bus, once the first call made it)
+        self.records: RecordSink | None = None
         # per server: the identity of its current start, and whether its restores work
         self._identities: dict[str, tuple[int, str]] = {}
         self._not_restoring: dict[str, str] = {}
@@ -195,6 +202,32 @@ class SlotFiles:
         folder = member.slot_dir
         if folder is None:
             return None
+        meter = self._meter(member, leaving)
+        saved = await self._save(member, index, leaving, folder)
+        if meter is not None:
+            if saved is None:
+                meter.error(SlotNotSaved(f"slot {index} of {member.state.name} was not saved"))
+            else:
+                meter.record.slot_save_ms = saved[0]
+                meter.record.adjustments = {"slot_tokens_saved": saved[1]}
+                meter.ok()
+        return saved[0] if saved is not None else None
+
+    def _meter(self, member: PoolMember, leaving: Occupant) -> Meter | None:
+        """A save's record: the gateway's own work for the conversation's task."""
+        if self.records is None:
+            return None
+        task = leaving.conversation[0]
+        meter = Meter(self.records, CallContext.new(task, SLOT_SAVE_PURPOSE), self.profile)
+        record = meter.record
+        record.provider = "local"
+        record.server = member.state.name
+        record.attempts = 1
+        return meter
+
+    async def _save(
+        self, member: PoolMember, index: int, leaving: Occupant, folder: Path
+    ) -> tuple[float, int] | None:
         started = time.monotonic()
         identity = await self.identity(member)
         if identity is None:
@@ -231,7 +264,7 @@ class SlotFiles:
             log.warning("model %s: a saved slot cannot be kept: %s", self.profile, exc)
             return None
         self.counts.saves += 1
-        return round((time.monotonic() - started) * 1000, 1)
+        return round((time.monotonic() - started) * 1000, 1), saved
 
     # -- restoring
 
@@ -321,6 +354,13 @@ class SlotFiles:
                 finally:
                     table.release(index)
         return saved
+
+
+class SlotNotSaved(GatewayError):
+    """A slot save's record when the slot could not be saved (the reason is logged)."""
+
+    status = 502
+    default_code = "slot_not_saved"
 
 
 def _said(exc: Exception) -> str:

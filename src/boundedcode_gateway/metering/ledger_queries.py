@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from boundedcode_gateway.metering.records import LEDGER_FIELDS, TOKEN_COUNT_PURPOSE
+from boundedcode_gateway.metering.records import LEDGER_FIELDS, OWN_RECORD_PURPOSES
 from boundedcode_gateway.policy.cache_misses import NOT_A_MISS, REPAIR_PURPOSE
 
 _COLUMNS = ", ".join(LEDGER_FIELDS)
@@ -64,7 +64,9 @@ CALL_SQL = f"SELECT {_COLUMNS} FROM model_calls WHERE call_id = ?"
 # (summed apart) and its token counts (no model call: counted nowhere). Sums stay NULL
 # where no call reported the field, and the hit ratio's base is the calls that reported
 # both prompt and cache.
-_TURN = f"purpose NOT IN ('{REPAIR_PURPOSE}', '{TOKEN_COUNT_PURPOSE}')"
+_TURN = "purpose NOT IN ({})".format(
+    ", ".join(f"'{p}'" for p in sorted({REPAIR_PURPOSE, *OWN_RECORD_PURPOSES}))
+)
 _REPAIR = f"purpose = '{REPAIR_PURPOSE}'"
 _BOTH = "prompt_tokens IS NOT NULL AND cached_tokens IS NOT NULL"
 TASK_COLUMNS = (

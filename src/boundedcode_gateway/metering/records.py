@@ -11,6 +11,12 @@ from typing import Any
 # the purpose of a token count's record: a caller's request, but no model call (nothing
 # generated, nothing spent); as the cache repairs' own, a caller may not send it
 TOKEN_COUNT_PURPOSE = "token_count"
+# the purpose of a slot save's record: the gateway's own work for a conversation (its
+# slot written to its slot file, docs/llama-server.md), no model call
+SLOT_SAVE_PURPOSE = "slot_save"
+# the purposes of the gateway's own records, besides its cache repairs
+# (policy/cache_misses.py): never a caller's turn, and never a caller's to send
+OWN_RECORD_PURPOSES = frozenset({TOKEN_COUNT_PURPOSE, SLOT_SAVE_PURPOSE})
 
 
 @dataclass(slots=True)

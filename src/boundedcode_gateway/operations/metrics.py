@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from boundedcode_gateway.live_config import Route
-from boundedcode_gateway.metering.records import TOKEN_COUNT_PURPOSE, CallRecord
+from boundedcode_gateway.metering.records import OWN_RECORD_PURPOSES, CallRecord
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 
@@ -44,7 +44,7 @@ KNOWN_PURPOSES = frozenset(
         "ambiguity_check",
         "verification",
         REPAIR_PURPOSE,
-        TOKEN_COUNT_PURPOSE,
+        *OWN_RECORD_PURPOSES,
     }
 )
 # error codes and resend causes come from the gateway's tree, but an upstream's own code

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from boundedcode_gateway.metering.records import TOKEN_COUNT_PURPOSE
+from boundedcode_gateway.metering.records import OWN_RECORD_PURPOSES
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 from boundedcode_gateway.report.rows import CallRow
 from boundedcode_gateway.report.totals import TaskTotals, task_totals
@@ -21,19 +21,22 @@ class TaskReport:
     repairs: tuple[CallRow, ...]
     totals: TaskTotals
     token_counts: tuple[CallRow, ...] = ()
+    # its conversations' slot saves (listed apart)
+    saves: tuple[CallRow, ...] = ()
 
 
 # the purposes of the gateway's own records: never a caller's turn
-OWN_PURPOSES = frozenset({REPAIR_PURPOSE, TOKEN_COUNT_PURPOSE})
+OWN_PURPOSES = frozenset({REPAIR_PURPOSE, *OWN_RECORD_PURPOSES})
 
 
 def build_report(rows: Sequence[CallRow], purpose: str | None = None) -> list[TaskReport]:
     """Group ``rows`` by task, in the order each task first appears.
 
-    Repairs (purpose ``cache_repair``) are the gateway's own work, and token counts
-    (purpose ``token_count``) are no model call: neither is a caller's turn, so both are
-    kept out of a task's calls, the repairs summed apart. A report asked for one of
-    these purposes itself (``purpose``) lists its records as the calls.
+    Repairs (purpose ``cache_repair``) and slot saves (``slot_save``) are the gateway's
+    own work, and token counts (purpose ``token_count``) are no model call: none is a
+    caller's turn, so all are kept out of a task's calls, the repairs summed apart. A
+    report asked for one of these purposes itself (``purpose``) lists its records as the
+    calls.
     """
     order: list[str] = []
     by_task: dict[str, list[CallRow]] = {}
@@ -46,11 +49,14 @@ def build_report(rows: Sequence[CallRow], purpose: str | None = None) -> list[Ta
     for task in order:
         task_rows = by_task[task]
         if purpose in OWN_PURPOSES:
-            calls, repairs, counts = task_rows, [], []
+            calls, repairs, counts, saves = task_rows, [], [], []
         else:
             calls = [r for r in task_rows if r.purpose not in OWN_PURPOSES]
             repairs = [r for r in task_rows if r.is_repair]
             counts = [r for r in task_rows if r.is_token_count]
+            saves = [r for r in task_rows if r.is_slot_save]
         totals = task_totals(task, calls, repairs)
-        reports.append(TaskReport(task, tuple(calls), tuple(repairs), totals, tuple(counts)))
+        reports.append(
+            TaskReport(task, tuple(calls), tuple(repairs), totals, tuple(counts), tuple(saves))
+        )
     return reports

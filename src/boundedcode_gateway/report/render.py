@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from boundedcode_gateway.metering.records import TOKEN_COUNT_PURPOSE
+from boundedcode_gateway.metering.records import SLOT_SAVE_PURPOSE, TOKEN_COUNT_PURPOSE
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 from boundedcode_gateway.report.build import TaskReport
 from boundedcode_gateway.report.rows import CallRow
@@ -39,6 +39,7 @@ CALL_COLUMNS: tuple[tuple[str, str], ...] = (
     ("total_ms", "total_ms"),
     ("changed", "changed"),
     ("miss_cause", "miss_cause"),
+    ("restored_tokens", "restored"),
 )
 # CSV and JSON: the call's task and start as well
 CSV_CALL_FIELDS: tuple[str, ...] = ("task", "started_at", *(f for f, _ in CALL_COLUMNS))
@@ -172,6 +173,14 @@ def render_markdown(reports: Sequence[TaskReport]) -> str:
                     f"not in the table) evaluated {evaluated} tokens.",
                 ]
             )
+        if report.saves:
+            out.extend(
+                [
+                    "",
+                    f"{len(report.saves)} slot saves (purpose `{SLOT_SAVE_PURPOSE}`, "
+                    "its conversations' slots written to their slot files, not in the table).",
+                ]
+            )
         if report.token_counts:
             out.extend(
                 [
@@ -232,6 +241,7 @@ def render_json(reports: Sequence[TaskReport], filters: Mapping[str, Any]) -> st
                 "calls": [call_dict(r) for r in rep.calls],
                 "repairs": [call_dict(r) for r in rep.repairs],
                 "token_counts": [call_dict(r) for r in rep.token_counts],
+                "slot_saves": [call_dict(r) for r in rep.saves],
                 "totals": totals_dict(rep.totals),
             }
             for rep in reports

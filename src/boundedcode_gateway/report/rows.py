@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from boundedcode_gateway.metering.records import TOKEN_COUNT_PURPOSE
+from boundedcode_gateway.metering.records import SLOT_SAVE_PURPOSE, TOKEN_COUNT_PURPOSE
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 
 # the gateway's own follow-up work after a llama.cpp answer (llama_server/cache_keeper.py);
@@ -39,6 +39,8 @@ class CallRow:
     total_ms: float | None
     changed: int | None
     miss_cause: str | None
+    # tokens of its conversation's slot file restored into its slot (llama-server.md)
+    restored_tokens: int | None = None
 
     @property
     def is_repair(self) -> bool:
@@ -47,6 +49,10 @@ class CallRow:
     @property
     def is_token_count(self) -> bool:
         return self.purpose == TOKEN_COUNT_PURPOSE
+
+    @property
+    def is_slot_save(self) -> bool:
+        return self.purpose == SLOT_SAVE_PURPOSE
 
 
 def _int(value: Any) -> int | None:
@@ -98,6 +104,7 @@ def number_turns(calls: Iterable[Mapping[str, Any]]) -> list[CallRow]:
                 miss_cause=call.get("miss_cause")
                 if isinstance(call.get("miss_cause"), str)
                 else None,
+                restored_tokens=_int(call.get("restored_tokens")),
             )
         )
     return rows

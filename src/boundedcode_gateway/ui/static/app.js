@@ -13,6 +13,8 @@
   const STREAM_RETRY_MS = 5000; // a closed event stream is opened again after this
   const NOT_MISSES = new Set(["none", "first_call"]);
   const REPAIR = "cache_repair";
+  // a conversation's slot written to its slot file (docs/llama-server.md): no model call
+  const SAVE = "slot_save";
 
   // ---------------------------------------------------------------- DOM helpers
 
@@ -113,6 +115,9 @@
     const cause = call.miss_cause;
     if (!cause || cause === "none") return null;
     if (cause === "first_call") return "first call";
+    if (cause === "restore_ineffective" && call.restore_failure) {
+      return `restore ineffective: ${call.restore_failure}`;
+    }
     const at = call.miss_at;
     if (at && at.message !== undefined && at.message !== null) {
       return `${cause} at message ${at.message}`;
@@ -830,6 +835,7 @@
   }
 
   function tokenParts(call) {
+    if (call.purpose === SAVE) return { cached: 0, evaluated: 0, generated: 0 };
     const cached = call.cached_tokens || 0;
     const evaluated =
       call.evaluated_tokens !== null && call.evaluated_tokens !== undefined
@@ -903,6 +909,28 @@
             svg("line", { class: "miss-line", x1: cx, x2: cx, y1: f.top - 6, y2: barTop }),
             svg("path", { class: "miss-mark", d: `M${cx - 5},${barTop - 8} L${cx + 5},${barTop - 8} L${cx},${barTop} Z` }),
             svg("text", { class: "miss-label", x: cx, y: f.top - 10, transform: `rotate(-45 ${cx} ${f.top - 10})` }, label),
+          ),
+        );
+      } else if (call.purpose === SAVE) {
+        const saved = (call.adjustments || {}).slot_tokens_saved;
+        f.root.append(
+          svg(
+            "g",
+            { class: `slot-save${failed(call) ? " failed" : ""}`, data: { callId: call.call_id } },
+            svg("title", {}, `slot saved: ${fmt.tokens(saved)} tokens, ${fmt.ms(call.slot_save_ms)}`),
+            svg("path", {
+              class: "save-mark",
+              d: `M${cx},${plotBottom - 12} l5,6 l-5,6 l-5,-6 Z`,
+            }),
+            svg("text", { class: "save-label", x: cx, y: plotBottom - 16, "text-anchor": "middle" }, "saved"),
+          ),
+        );
+      } else if (call.restored_tokens) {
+        f.root.append(
+          svg(
+            "g",
+            { class: "restored", data: { callId: call.call_id, restoredTokens: call.restored_tokens } },
+            svg("text", { class: "restore-label", x: cx, y: barTop - 2, "text-anchor": "middle" }, "restored"),
           ),
         );
       } else if (call.miss_cause === "first_call" && call.purpose !== REPAIR) {
@@ -1174,6 +1202,10 @@
       [
         ["miss_cause", "miss cause"],
         ["miss_at", "where the prompt stopped matching", missAt],
+        ["restored_tokens", "restored from its slot file", fmt.tokens],
+        ["slot_restore_ms", "slot restore", fmt.ms],
+        ["slot_save_ms", "slot save (the slot's earlier conversation)", fmt.ms],
+        ["restore_failure", "why the slot file bought nothing"],
         ["reusable_tokens", "reusable from the previous call", fmt.tokens],
         ["messages", "messages"],
         ["changed", "first changed message", (v) => (v === -1 ? "none (the history only grew)" : v)],
@@ -1425,6 +1457,10 @@
         ]
       : "–";
     facts.push(["slots", slots]);
+    if (s.restoring_slots === false) {
+      // a restore there was evaluated again: slot files are not restored until it restarts
+      facts.push(["slot files", "not restored here until it starts again (a restore bought nothing)"]);
+    }
     return h(
       "div",
       { class: "server", data: { managed: s.managed, state: s.state, pid: s.pid } },
