@@ -162,7 +162,7 @@ def test_a_file_saved_by_another_model_is_not_restored(
     gw.app.fleets["m"].pool.members[0].slots.emptied(1)  # type: ignore[union-attr]
     files = gw.app.fleets["m"].pool.slot_files
     assert files is not None
-    files.server_started(gw.app.fleets["m"].pool.members[0])
+    files.forget_identity(gw.app.fleets["m"].pool.members[0])
     turn(gw, "a", a)
     last = gw.calls()[-1]
     assert last["status"] == "ok"
@@ -353,3 +353,37 @@ def test_a_slot_the_caller_names_is_left_out_for_the_conversations_own(
         assert sent[0].startswith(b'{"id_slot":0,') and sent[0].count(b'"id_slot"') == 1
     finally:
         stop_all([two.running])
+
+
+def test_a_server_whose_restores_buy_nothing_has_its_last_conversation_evaluated_after_a_restart(
+    start_gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    profile = managed(tmp_path, cache_repair=True, extra_args=["--fake-restore-ineffective"])
+    gw = start_gateway({"m": profile}, llama_server_bin=str(write_binary(tmp_path)))
+    a, b = chat(task="a"), chat("Another agent. " * 80, "b")
+    turn(gw, "a", a)
+    turn(gw, "b", b)
+    gw.settle()
+    turn(gw, "a", a)  # restored, and evaluated again all the same
+    gw.settle()
+    assert gw.calls()[-1]["restore_failure"] == "reevaluated"
+    member = gw.app.fleets["m"].pool.members[0]
+    server: Any = member.managed
+    os.kill(server.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    # started again: a, served last, is evaluated again in its slot while nothing comes
+    while not any(
+        c.get("adjustments", {}).get("evaluated_after_restart") and c["status"] == "ok"
+        for c in gw.calls(repairs=True)
+    ):
+        assert time.monotonic() < deadline, "the last conversation was not evaluated again"
+        time.sleep(0.05)
+    rewarm = next(
+        c for c in gw.calls(repairs=True) if c.get("adjustments", {}).get("evaluated_after_restart")
+    )
+    assert rewarm["task"] == "a" and rewarm["purpose"] == "cache_repair"
+    before = gw.calls()[-1]
+    turn(gw, "a", a)
+    after = gw.calls()[-1]
+    assert after["restored_tokens"] is None  # not restored: evaluated in the background
+    assert after["evaluated_tokens"] <= after["prompt_tokens"] - before["prompt_tokens"], after

@@ -6,7 +6,8 @@ llama-server does, the key in ``LLAMA_API_KEY`` (every request but the health ch
 must carry it), and serves ``FakeLlamaServer`` on 127.0.0.1 until SIGTERM, which ends
 it at once, answers in progress cut off, as it ends llama-server. A profile's
 ``server.extra_args`` may add ``--fake-slow-answer-ms MS``: every answer is then
-``SLOW_ANSWER`` with that wait between its chunks. ``write_binary`` writes an
+``SLOW_ANSWER`` with that wait between its chunks; ``--fake-restore-ineffective``
+makes it a server that restores a slot and keeps nothing of it. ``write_binary`` writes an
 executable that runs it, so the gateway supervises a real process without a real
 llama-server.
 """
@@ -55,6 +56,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("-np", "--parallel", type=int, default=1)
     parser.add_argument("--slot-save-path")
     parser.add_argument("-m", "--model")
+    parser.add_argument("--fake-restore-ineffective", action="store_true")
     args, _ = parser.parse_known_args(argv)
     fake = FakeLlamaServer(
         model_alias=args.alias,
@@ -65,6 +67,7 @@ def main(argv: list[str]) -> None:
         fake.slot_save_path = Path(args.slot_save_path)
     if args.model:
         fake.model_path = args.model
+    fake.restore_ineffective = args.fake_restore_ineffective
     if args.fake_slow_answer_ms is not None:
         delay = args.fake_slow_answer_ms
         fake.queue(*(Reply(SLOW_ANSWER, chunk_delay_ms=delay) for _ in range(SLOW_ANSWERS)))

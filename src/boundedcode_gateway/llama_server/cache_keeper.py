@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +33,9 @@ from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.config import PriceSettings
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.json_values import count_or_none
-from boundedcode_gateway.llama_server.api import LlamaServerAPI, ServerRefused
+from boundedcode_gateway.llama_server.api import LlamaServerAPI, MalformedAnswer, ServerRefused
 from boundedcode_gateway.llama_server.pool import SlotHold
+from boundedcode_gateway.llama_server.slots import SlotKey, SlotTable
 from boundedcode_gateway.metering.bus import RecordSink
 from boundedcode_gateway.metering.meter import Meter
 from boundedcode_gateway.policy.cache_misses import (
@@ -50,6 +53,21 @@ log = logging.getLogger(__name__)
 
 # A message the next request will not hold: the rendering is cut where it begins.
 _SENTINEL = "\u2063boundedcode-next-message\u2063"
+
+
+# the conversations whose renderings are kept to evaluate again after a restart, and the
+# longest rendering kept (characters: a 100k-token history is some 400k)
+REWARM_CONVERSATIONS = 16
+REWARM_MAX_CHARS = 2_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """What a conversation's next call starts with, for its slot to be evaluated again."""
+
+    text: str
+    group: str | None
+    task: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +199,10 @@ class CacheKeeper:
         self._repair = repair
         self._jobs: set[asyncio.Task[None]] = set()
         self._repairing: set[asyncio.Task[None]] = set()
+        # per server, the conversations it served last and the rendering their next call
+        # starts with: what a server started again evaluates in the background where
+        # its slots cannot be restored (most recent last)
+        self._recent: OrderedDict[tuple[str, SlotKey], Rendered] = OrderedDict()
 
     @property
     def pending(self) -> int:
@@ -213,6 +235,7 @@ class CacheKeeper:
         if found is None:
             return
         rendered, idle = found
+        self._remember(call, rendered)
         if not self._repair or not idle:
             return
         hold = call.slot
@@ -228,6 +251,86 @@ class CacheKeeper:
             self._repairing.discard(current)
             if hold is not None:
                 hold.release(repaired)
+
+    def _remember(self, call: AnsweredCall, rendered: str) -> None:
+        hold = call.slot
+        if hold is None or call.server is None or len(rendered) > REWARM_MAX_CHARS:
+            return
+        key = (call.server, hold.conversation)
+        self._recent.pop(key, None)
+        self._recent[key] = Rendered(rendered, hold.group, call.task)
+        while len(self._recent) > REWARM_CONVERSATIONS:
+            self._recent.popitem(last=False)
+
+    def rewarm(self, server: str, root: str, table: SlotTable, busy: Callable[[], bool]) -> None:
+        """``server`` started again with its cache empty and its slots cannot be restored:
+        the conversations it served last (as many as it has slots, the most recent first)
+        are evaluated again in their slots while it is idle, each giving way to the first
+        call that arrives (metered as repairs)."""
+        job = asyncio.get_running_loop().create_task(self._rewarm(server, root, table, busy))
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
+
+    async def _rewarm(
+        self, server: str, root: str, table: SlotTable, busy: Callable[[], bool]
+    ) -> None:
+        recent = [(k[1], r) for k, r in reversed(self._recent.items()) if k[0] == server]
+        current = asyncio.current_task()
+        assert current is not None
+        for conversation, rendered in recent[: len(table)]:
+            if busy():
+                return  # a call came: it comes first, and the rest is left
+            grant = table.take(rendered.group, conversation)
+            if grant is None:
+                return
+            if grant.resident or grant.erase or grant.leaving is not None:
+                # a call put it there already, or the slot holds what must not be lost
+                table.release(grant.index)
+                continue
+            self._repairing.add(current)
+            tokens: int | None = None
+            try:
+                tokens = await self._evaluate(
+                    rendered.task, server, root, rendered.text, grant.index
+                )
+            finally:
+                self._repairing.discard(current)
+                if tokens is not None:
+                    table.filled(grant.index, tokens)
+                table.release(grant.index, erased=tokens is not None)
+
+    async def _evaluate(
+        self, task: str, server: str, root: str, rendered: str, slot: int
+    ) -> int | None:
+        """A conversation's rendering evaluated again in ``slot`` after its server
+        restarted; the tokens the slot holds then (None: abandoned, or failed)."""
+        meter = Meter(
+            self._writer, CallContext.new(task, REPAIR_PURPOSE), self._profile, price=self.price
+        )
+        record = meter.record
+        record.provider = "local"
+        record.server = server
+        record.attempts = 1
+        record.adjustments = {"evaluated_after_restart": True}
+        body = {"prompt": rendered, "n_predict": 0, "cache_prompt": True, "id_slot": slot}
+        try:
+            answer = await self._api.completion(root, body)
+        except asyncio.CancelledError:
+            meter.abandoned()
+            raise
+        except GatewayError as exc:
+            meter.error(exc)
+            return None
+        except (ServerRefused, MalformedAnswer) as exc:
+            meter.error(GatewayError(f"the server did not evaluate the conversation: {exc}"))
+            return None
+        timings = answer.get("timings") or {}
+        record.prompt_tokens = count_or_none(answer.get("tokens_evaluated")) or 0
+        record.cached_tokens = count_or_none(timings.get("cache_n")) or 0
+        record.evaluated_tokens = count_or_none(timings.get("prompt_n")) or 0
+        record.completion_tokens = 0
+        meter.ok()
+        return record.prompt_tokens
 
     async def _evidence(self, call: AnsweredCall) -> tuple[str, bool] | None:
         """Read the slot before anything else can use it, then compare; returns the next

@@ -22,7 +22,7 @@ from boundedcode_gateway.errors import GatewayError, MalformedResponse
 from boundedcode_gateway.llama_server.api import MalformedAnswer, ServerRefused
 from boundedcode_gateway.llama_server.cache_keeper import CacheKeeper
 from boundedcode_gateway.llama_server.flags import LOOPBACK, server_flags_continue
-from boundedcode_gateway.llama_server.pool import ServerLease, ServerPool
+from boundedcode_gateway.llama_server.pool import PoolMember, ServerLease, ServerPool
 from boundedcode_gateway.llama_server.probe import ServerProbe
 from boundedcode_gateway.llama_server.servers import server_pool
 from boundedcode_gateway.llama_server.slot_files import SlotFiles
@@ -76,6 +76,7 @@ class LocalFleet:
         self._count_request: CountRequest | None = None
         self._count_refused: CountRefused | None = None
         self._keeper: CacheKeeper | None = None
+        pool.restarted = self._server_restarted
 
     def counts_with(self, request: CountRequest, refused: CountRefused) -> None:
         """How a body to count becomes the request the template renders, and what a
@@ -198,6 +199,18 @@ class LocalFleet:
             self._keeper = CacheKeeper(self.name, self.api, repair, records, price)
         return self._keeper
 
+    def _server_restarted(self, member: PoolMember) -> None:
+        """A managed server is ready again, its cache empty: where its slots cannot be
+        restored, the conversations it served last are evaluated again while it is idle."""
+        keeper, table = self._keeper, member.slots
+        if keeper is None or table is None:
+            return
+        files = self.pool.slot_files
+        if files is not None and files.restoring(member):
+            return  # each conversation's file is restored before its next call
+        state = member.state
+        keeper.rewarm(state.name, member.root(), table, lambda: state.in_flight > 0)
+
     @property
     def slot_files(self) -> SlotFiles | None:
         """The save and restore of the servers' slots per conversation (None: off)."""
@@ -211,7 +224,7 @@ class LocalFleet:
             return None
         return {
             **dataclasses.asdict(files.counts),
-            "not_restoring": files.not_restoring(),
+            "not_restoring": files.not_restoring(self.pool.members),
         }
 
     @property

@@ -119,6 +119,8 @@ class ManagedLlamaServer:
         self._argv: tuple[str, ...] = ()
         # the key of the server's current start (none before the first)
         self._key: str | None = None
+        # told each time the server is ready again after it exited (its cache empty)
+        self.on_restart: Callable[[], None] | None = None
 
     def auth_headers(self) -> dict[str, str]:
         """What a request to the server's current start carries to be let in."""
@@ -236,6 +238,8 @@ class ManagedLlamaServer:
                 self._state = "ready"
                 self._ready_since = time.monotonic()
                 self._ready.set()
+                if self.restarts and self.on_restart is not None:
+                    self.on_restart()
                 return
             await asyncio.sleep(HEALTH_POLL_S)
 

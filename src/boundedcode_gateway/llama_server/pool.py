@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -113,6 +114,11 @@ class ServerPool:
         self.slot_files = slot_files(self.api) if slot_files is not None else None
         self._prober: asyncio.Task[None] | None = None
         self._saver: asyncio.Task[None] | None = None
+        # told when a managed server is ready again after it exited (the fleet's)
+        self.restarted: Callable[[PoolMember], None] | None = None
+        for member in self.members:
+            if member.managed is not None:
+                member.managed.on_restart = functools.partial(self._restarted, member)
 
     @property
     def several(self) -> bool:
@@ -167,14 +173,17 @@ class ServerPool:
 
     def noticed_restarts(self) -> None:
         """A managed server that started again since its slots were last looked at holds
-        nothing: its table is emptied and its slot files' identity read anew."""
+        nothing: its table is emptied."""
         for member in self.members:
             table = member.slots
             if table is None or table.generation == member.generation:
                 continue
             table.emptied(member.generation)
-            if self.slot_files is not None:
-                self.slot_files.server_started(member)
+
+    def _restarted(self, member: PoolMember) -> None:
+        self.noticed_restarts()
+        if self.restarted is not None:
+            self.restarted(member)
 
     async def _count_slots(self, member: PoolMember) -> None:
         """A server the gateway does not run whose slots are saved: its slot count, from

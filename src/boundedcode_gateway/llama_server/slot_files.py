@@ -8,10 +8,13 @@ that does not hold its conversation, the conversation's file is restored there,
 whichever server of the pool the call went to: after a server restarted, after a
 failover or a rebalance, after another conversation took the slot. A restore is
 checked once the call is answered (``RestoreOutcome.verdict``): the answer must find
-the restored tokens cached. A server that restored and evaluated them again all the
-same is restored to no more until it starts again (its build and model do not keep a
-restored state: llama.cpp's sliding-window and hybrid models), and each such call's
-record says why (``miss_cause: restore_ineffective``).
+the restored tokens cached; a call that does not says why in its record
+(``miss_cause: restore_ineffective``). A server that restored and evaluated them again
+all the same is restored to no more, nor any server of its model, build and KV layout,
+for the rest of the gateway's life (that build and model do not keep a restored state:
+llama.cpp's sliding-window and hybrid models); such a server, started again, has the
+conversations it served last evaluated again in the background instead, while it is
+idle (``cache_keeper.py``).
 
 Every server request here goes through the pool's llama-server client; the files are
 the store's (``slot_store.py``).
@@ -128,8 +131,10 @@ class SlotFiles:
         self.counts = SlotFileCounts()
         # where each save's record goes (the record bus, once the first call made it)
         self.records: RecordSink | None = None
-        # per server: the identity of its current start, and whether its restores work
+        # per server: the identity of its current start
         self._identities: dict[str, tuple[int, str]] = {}
+        # the identities (model file, build, KV layout) whose restores were evaluated
+        # again: not restored to for the rest of the gateway's life
         self._not_restoring: dict[str, str] = {}
 
     def name_of(self, conversation: SlotKey, group: str | None) -> str:
@@ -162,36 +167,45 @@ class SlotFiles:
         self._identities[member.state.name] = (generation, identity)
         return identity
 
-    def server_started(self, member: PoolMember) -> None:
-        """``member`` started again: its identity is read anew, and its restores tried
-        again."""
+    def forget_identity(self, member: PoolMember) -> None:
+        """``member``'s identity is read anew before its next save or restore (its model
+        or binary may have been swapped; a restart of the same command keeps it, and a
+        new start's is read again anyway)."""
         self._identities.pop(member.state.name, None)
-        if self._not_restoring.pop(member.state.name, None) is not None:
-            log.info(
-                "model %s: %s restarted; restoring slots again", self.profile, member.state.name
-            )
 
     def restoring(self, member: PoolMember) -> bool:
-        return member.state.name not in self._not_restoring
+        """Whether ``member``'s slots are restored: it saves slots, and no restore on a
+        server of its identity was evaluated again (as far as its identity is known)."""
+        if member.slot_dir is None:
+            return False
+        known = self._identities.get(member.state.name)
+        return known is None or known[1] not in self._not_restoring
 
     def ineffective(self, member: PoolMember, outcome: RestoreOutcome) -> None:
         """A restore on ``member`` bought nothing: counted, and if the server evaluated the
-        restored tokens again, no more restores there until it starts again."""
+        restored tokens again, no server of its identity is restored to any more."""
         self.counts.ineffective += 1
-        if outcome.verdict != "reevaluated" or not self.restoring(member):
+        known = self._identities.get(member.state.name)
+        if outcome.verdict != "reevaluated" or known is None or not self.restoring(member):
             return
-        self._not_restoring[member.state.name] = outcome.verdict
+        self._not_restoring[known[1]] = outcome.verdict
         log.warning(
-            "model %s: %s evaluated a restored slot's %d tokens again; its slots are not "
-            'restored until it starts again (docs/llama-server.md, "Slot files")',
+            "model %s: %s evaluated a restored slot's %d tokens again; no server of its "
+            "model, build and KV layout is restored to until the gateway starts again "
+            '(docs/llama-server.md, "Slot files")',
             self.profile,
             member.state.name,
             outcome.tokens,
         )
 
-    def not_restoring(self) -> dict[str, str]:
-        """The servers restored to no more, and why (the page and ``/v1/models``)."""
-        return dict(self._not_restoring)
+    def not_restoring(self, members: Sequence[PoolMember]) -> dict[str, str]:
+        """The servers of ``members`` restored to no more, and why (``/v1/models``)."""
+        out: dict[str, str] = {}
+        for member in members:
+            known = self._identities.get(member.state.name)
+            if known is not None and known[1] in self._not_restoring:
+                out[member.state.name] = self._not_restoring[known[1]]
+        return out
 
     # -- saving
 

@@ -1458,8 +1458,8 @@
       : "–";
     facts.push(["slots", slots]);
     if (s.restoring_slots === false) {
-      // a restore there was evaluated again: slot files are not restored until it restarts
-      facts.push(["slot files", "not restored here until it starts again (a restore bought nothing)"]);
+      // a restore on a server like it was evaluated again: not tried blindly again
+      facts.push(["slot files", "not restored here (a restore was evaluated again)"]);
     }
     return h(
       "div",
