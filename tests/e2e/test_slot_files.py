@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from boundedcode_gateway.llama_server import pool as pool_module
@@ -98,6 +99,13 @@ def test_a_conversation_evicted_from_the_slot_is_restored_and_reads_only_its_new
     # the server's folder
     saved = store_files(gw)
     assert saved and all(os.stat(p).st_mode & 0o777 == 0o600 for p in saved)
+    # and /metrics counts them
+    metrics = httpx.get(gw.url + "/metrics").text
+    assert 'gateway_slot_saves_total{model="m"} 2.0' in metrics
+    assert 'gateway_slot_restores_total{model="m"} 1.0' in metrics
+    assert 'gateway_slot_restores_ineffective_total{model="m"} 0.0' in metrics
+    on_disk = sum(p.stat().st_size for p in saved)
+    assert f"boundedcode_gateway_slot_files_bytes {float(on_disk)}" in metrics
     assert os.stat(saved[0].parent).st_mode & 0o777 == 0o700
     assert list(server.folder.iterdir()) == []
 
@@ -387,3 +395,31 @@ def test_a_server_whose_restores_buy_nothing_has_its_last_conversation_evaluated
     after = gw.calls()[-1]
     assert after["restored_tokens"] is None  # not restored: evaluated in the background
     assert after["evaluated_tokens"] <= after["prompt_tokens"] - before["prompt_tokens"], after
+
+
+def test_retention_removes_the_slot_files_of_idle_tasks(
+    start_gateway: GatewayFactory, server: Server, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "data"
+    gw = start_gateway({"m": server.profile()}, data_dir=data_dir)
+    a, b = chat(task="a"), chat("Another agent. " * 80, "b")
+    turn(gw, "a", a)
+    turn(gw, "b", b)
+    gw.stop()
+    kept = {p.name for p in store_files(gw)}
+    assert len(kept) == 2  # a's, and b's saved before the stop
+    # a's file was last used 40 days ago
+    folder = data_dir / SLOT_FILES_FOLDER
+    for about in folder.glob("*.json"):
+        entry = orjson.loads(about.read_bytes())
+        if entry["task"] == "a":
+            entry["used_at"] -= 40 * 86400
+            about.write_bytes(orjson.dumps(entry))
+    again = start_gateway({"m": server.profile()}, data_dir=data_dir, retention={"task_days": 30})
+    deadline = time.monotonic() + 10
+    while len(store_files(again)) != 1:
+        assert time.monotonic() < deadline, "the idle task's slot file was not removed"
+        time.sleep(0.05)
+    (left,) = store_files(again)
+    about = orjson.loads(left.with_suffix(".json").read_bytes())
+    assert about["task"] == "b"

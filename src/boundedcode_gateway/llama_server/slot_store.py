@@ -135,6 +135,7 @@ class SlotStore:
         # held by the thread that changes the folder: a save, a restore's link, a removal
         self._lock = threading.Lock()
         self._loaded = False
+        self._loading: asyncio.Lock | None = None
 
     @property
     def where(self) -> str:
@@ -145,9 +146,12 @@ class SlotStore:
     async def load(self) -> None:
         """Read the descriptions of the files saved before (a restarted gateway's), once;
         a file without one, or a description without its file, is removed."""
-        if not self._loaded:
-            await asyncio.to_thread(self._load)
-            self._loaded = True
+        if self._loading is None:
+            self._loading = asyncio.Lock()
+        async with self._loading:
+            if not self._loaded:
+                await asyncio.to_thread(self._load)
+                self._loaded = True
 
     def _load(self) -> None:
         private_files.make_folder(self.folder)
@@ -304,6 +308,7 @@ class SlotStore:
     async def remove_idle_tasks(self, cutoff: float) -> list[str]:
         """Remove the files of conversations not saved or restored since ``cutoff`` (wall
         clock), as retention removes a task's other state; the tasks they were of."""
+        await self.load()
         gone = [f.task for f in list(self._files.values()) if f.used_at < cutoff]
         await asyncio.to_thread(self._remove_where, lambda f: f.used_at < cutoff)
         return sorted(set(gone))
