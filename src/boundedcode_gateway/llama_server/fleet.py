@@ -212,6 +212,11 @@ class LocalFleet:
         keeper.rewarm(state.name, member.root(), table, lambda: state.in_flight > 0)
 
     @property
+    def pins_slots(self) -> bool:
+        """Whether calls are pinned to slots the gateway chooses (slot files, isolation)."""
+        return any(m.slots is not None for m in self.pool.members)
+
+    @property
     def slot_files(self) -> SlotFiles | None:
         """The save and restore of the servers' slots per conversation (None: off)."""
         return self.pool.slot_files

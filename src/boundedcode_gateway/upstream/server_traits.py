@@ -46,3 +46,8 @@ class LocalServers(Protocol):
     async def readiness(self) -> str | None:
         """None when the servers can take calls now, else why not."""
         ...
+
+    @property
+    def pins_slots(self) -> bool:
+        """Whether the gateway pins each call to a slot of its own choosing."""
+        ...

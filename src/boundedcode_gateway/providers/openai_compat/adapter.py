@@ -110,16 +110,15 @@ class OpenAICompatUpstream:
         # a local profile's servers, whose traits decide the capabilities
         self._servers = servers
         self._budget = RetryBudget(profile.retry.max_attempts, profile.retry.max_total_s)
-        # the gateway pins each call to its conversation's slot (slot files): a slot the
-        # caller names would put it in another conversation's
-        self._pins_slots = profile.provider == "local" and config.prompt_cache.slot_files
 
     def _own_slot_only(self, out: dict[str, Any]) -> None:
         """Where the gateway pins each call to a slot, the caller names none (and, under
         cache isolation, asks for no further choices)."""
         if self._profile.cache_isolation != "none":
             _keep_to_own_slot(out)
-        elif self._pins_slots:
+        elif self._servers is not None and self._servers.pins_slots:
+            # pinned to its conversation's slot (slot files): a slot the caller names
+            # would put it in another conversation's
             _without_own_slot(out)
 
     @property
