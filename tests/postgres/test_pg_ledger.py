@@ -5,6 +5,7 @@ migrations (from nothing and from the version before) under their lock, and the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 import sqlite3
@@ -41,7 +42,8 @@ from tests.unit.test_budgets import record as spending_record
 from tests.unit.test_metering import log_lines, make_record
 
 # the field the newest migration adds a column for
-NEWEST_FIELD = "front"
+# the fields whose columns the last migration adds (nullable)
+NEWEST_FIELDS = ("restored_tokens", "slot_restore_ms", "slot_save_ms")
 # the column PostgreSQL adds for insertion order (SQLite's rowid)
 SEQ = "seq"
 # what each Python type of a ledger field is in PostgreSQL
@@ -63,6 +65,9 @@ def every_field_record(i: int) -> CallRecord:
         caller="ci-bot",
         cost_usd=0.000123,
         server="qwen[1]",
+        restored_tokens=MAX_COUNT,
+        slot_restore_ms=4.5,
+        slot_save_ms=17.25,
         retried=True,
         stream=False,
         status="error",
@@ -215,15 +220,16 @@ def test_migrations_from_an_empty_database(pg: PgDatabase, tmp_path: Path) -> No
 
 async def test_migrations_from_the_version_before(pg: PgDatabase) -> None:
     previous = load_pg_migrations()[:-1]
-    assert previous[-1].version == 7
-    # the columns of the previous version: all but the record's newest field, whose
-    # column the last migration adds with a default
-    columns = [f for f in LEDGER_FIELDS if f != NEWEST_FIELD]
-    row = every_field_record(7)
+    assert previous[-1].version == 8
+    # the columns of the previous version: all but the record's newest fields, whose
+    # columns the last migration adds, empty for the rows before it
+    columns = [f for f in LEDGER_FIELDS if f not in NEWEST_FIELDS]
+    row = dataclasses.replace(every_field_record(7), **dict.fromkeys(NEWEST_FIELDS))
     conn = await asyncpg.connect(pg.url)
     try:
         await migrate(conn, previous)
-        assert NEWEST_FIELD not in dict(await asyncio.to_thread(pg_columns, pg))
+        before = dict(await asyncio.to_thread(pg_columns, pg))
+        assert not set(NEWEST_FIELDS) & set(before)
         values = [tuple(getattr(row, f) for f in columns)]
         await conn.copy_records_to_table("model_calls", records=values, columns=columns)
     finally:
@@ -242,7 +248,7 @@ async def test_migrations_from_the_version_before(pg: PgDatabase) -> None:
         pg.fetch, "SELECT version FROM schema_migrations ORDER BY version"
     )
     assert [v["version"] for v in versions] == [m.version for m in load_pg_migrations()]
-    assert NEWEST_FIELD in dict(await asyncio.to_thread(pg_columns, pg))
+    assert set(NEWEST_FIELDS) <= set(dict(await asyncio.to_thread(pg_columns, pg)))
 
 
 def test_migrations_wait_for_the_lock_another_gateway_holds(pg: PgDatabase) -> None:
