@@ -33,7 +33,7 @@ import random
 import re
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -773,40 +773,34 @@ class FakeLlamaServer:
         if "action=erase" not in query:
             raise LlamaError(400, "Invalid action")
         if not self.slot_actions:
-            raise LlamaError(
-                501,
-                "This server does not support slots action. Start it with `--slot-save-path`",
-                "not_supported_error",
-            )
-        self._resize_slots()
+            raise _no_slot_actions()
         slot = index % self.total_slots
-        cond = self._condition()
-        async with cond:
-            while slot in self._busy:
-                await cond.wait()
+        async with self._idle(slot):
             erased = len(self.slot_tokens[slot])
             self.slot_tokens[slot] = []
             self.slot_info[slot] = {}
         self.erased.append(slot)
         await self._send(send, 200, {"id_slot": slot, "n_erased": erased})
 
-    async def _save_or_restore(self, req: HttpRequest, send: Send, index: int, save: bool) -> None:
-        folder = self.slot_save_path
-        if folder is None or not self.slot_actions:
-            raise LlamaError(
-                501,
-                "This server does not support slots action. Start it with `--slot-save-path`",
-                "not_supported_error",
-            )
-        filename = _parse_body(req).get("filename")
-        if not isinstance(filename, str) or not _valid_filename(filename):
-            raise LlamaError(400, "Invalid filename")
+    @contextlib.asynccontextmanager
+    async def _idle(self, slot: int) -> AsyncIterator[None]:
+        """Slot ``slot`` once it is not processing, as llama-server runs a slot action."""
         self._resize_slots()
-        slot = index % self.total_slots
         cond = self._condition()
         async with cond:
             while slot in self._busy:
                 await cond.wait()
+            yield
+
+    async def _save_or_restore(self, req: HttpRequest, send: Send, index: int, save: bool) -> None:
+        folder = self.slot_save_path
+        if folder is None or not self.slot_actions:
+            raise _no_slot_actions()
+        filename = _parse_body(req).get("filename")
+        if not isinstance(filename, str) or not _valid_filename(filename):
+            raise LlamaError(400, "Invalid filename")
+        slot = index % self.total_slots
+        async with self._idle(slot):
             path = folder / filename
             if save:
                 tokens = self.slot_tokens[slot]
@@ -1065,6 +1059,14 @@ class FakeLlamaServer:
 
 
 # ---------------------------------------------------------------------- request checks
+
+
+def _no_slot_actions() -> LlamaError:
+    return LlamaError(
+        501,
+        "This server does not support slots action. Start it with `--slot-save-path`",
+        "not_supported_error",
+    )
 
 
 def _valid_filename(name: str) -> bool:

@@ -13,6 +13,7 @@ import pytest
 
 from boundedcode_gateway.llama_server.slot_store import (
     STATE_MAGIC,
+    Saving,
     SlotStore,
     slot_file_name,
 )
@@ -36,7 +37,7 @@ def saved_by_server(folder: Path, name: str, size: int = 100) -> Path:
 
 def adopt(store: SlotStore, server: Path, name: str, task: str = "t", size: int = 100) -> None:
     saved = saved_by_server(server, name, size)
-    asyncio.run(store.adopt(saved, name, task, "id-1", 40, 30))
+    asyncio.run(store.adopt(saved, Saving(name, task, "id-1", 40, 30)))
 
 
 def test_a_saved_slot_moves_into_the_store_owner_only(tmp_path: Path) -> None:

@@ -304,26 +304,13 @@ class CacheKeeper:
     ) -> int | None:
         """A conversation's rendering evaluated again in ``slot`` after its server
         restarted; the tokens the slot holds then (None: abandoned, or failed)."""
-        meter = Meter(
-            self._writer, CallContext.new(task, REPAIR_PURPOSE), self._profile, price=self.price
-        )
-        record = meter.record
-        record.provider = "local"
-        record.server = server
-        record.attempts = 1
-        record.adjustments = {"evaluated_after_restart": True}
+        meter = self._repair_meter(task, server)
+        meter.record.adjustments = {"evaluated_after_restart": True}
         body = {"prompt": rendered, "n_predict": 0, "cache_prompt": True, "id_slot": slot}
-        try:
-            answer = await self._api.completion(root, body)
-        except asyncio.CancelledError:
-            meter.abandoned()
-            raise
-        except GatewayError as exc:
-            meter.error(exc)
+        answer = await self._evaluated(meter, root, body)
+        if answer is None:
             return None
-        except (ServerRefused, MalformedAnswer) as exc:
-            meter.error(GatewayError(f"the server did not evaluate the conversation: {exc}"))
-            return None
+        record = meter.record
         timings = answer.get("timings") or {}
         record.prompt_tokens = count_or_none(answer.get("tokens_evaluated")) or 0
         record.cached_tokens = count_or_none(timings.get("cache_n")) or 0
@@ -379,28 +366,15 @@ class CacheKeeper:
     async def _run_repair(self, call: AnsweredCall, rendered: str) -> int | None:
         """Evaluate the next request's rendering in the slot; the tokens it holds then
         (None: the repair failed)."""
-        meter = Meter(
-            self._writer,
-            CallContext.new(call.task, REPAIR_PURPOSE),
-            self._profile,
-            price=self.price,
-        )
+        meter = self._repair_meter(call.task, call.server)
         record = meter.record
-        record.provider = "local"
-        record.server = call.server
         # the conversation the rendering holds: the request's messages and the answer
         record.messages = call.previous.answer_index + 1
-        record.attempts = 1
         body: dict[str, Any] = {"prompt": rendered, "n_predict": 0, "cache_prompt": True}
         if call.slot is not None:
             body["id_slot"] = call.slot.index
-        try:
-            answer = await self._api.completion(call.root, body)
-        except asyncio.CancelledError:
-            meter.abandoned()
-            raise
-        except GatewayError as exc:
-            meter.error(exc)
+        answer = await self._evaluated(meter, call.root, body)
+        if answer is None:
             return None
         timings = answer.get("timings") or {}
         cache_n = count_or_none(timings.get("cache_n")) or 0
@@ -418,6 +392,33 @@ class CacheKeeper:
         call.previous.repaired_tokens = record.prompt_tokens
         meter.ok()
         return record.prompt_tokens
+
+    def _repair_meter(self, task: str, server: str | None) -> Meter:
+        """The record of one of the keeper's evaluations, for ``task``, on ``server``."""
+        meter = Meter(
+            self._writer, CallContext.new(task, REPAIR_PURPOSE), self._profile, price=self.price
+        )
+        record = meter.record
+        record.provider = "local"
+        record.server = server
+        record.attempts = 1
+        return meter
+
+    async def _evaluated(
+        self, meter: Meter, root: str, body: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """``POST /completion`` of a rendering (``n_predict: 0``); None, its record ended,
+        where it failed. A call arriving cancels it: its record says abandoned."""
+        try:
+            return await self._api.completion(root, body)
+        except asyncio.CancelledError:
+            meter.abandoned()
+            raise
+        except GatewayError as exc:
+            meter.error(exc)
+        except (ServerRefused, MalformedAnswer) as exc:
+            meter.error(GatewayError(f"the server did not evaluate the conversation: {exc}"))
+        return None
 
     async def _render(self, root: str, body: dict[str, Any]) -> str | None:
         answer = await self._api.apply_template(root, body)

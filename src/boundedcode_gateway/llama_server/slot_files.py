@@ -39,7 +39,12 @@ from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.errors import GatewayError
 from boundedcode_gateway.json_values import count_or_none
 from boundedcode_gateway.llama_server.api import LlamaServerAPI, MalformedAnswer, ServerRefused
-from boundedcode_gateway.llama_server.slot_store import REFUSALS, SlotStore, slot_file_name
+from boundedcode_gateway.llama_server.slot_store import (
+    REFUSALS,
+    Saving,
+    SlotStore,
+    slot_file_name,
+)
 from boundedcode_gateway.llama_server.slots import Occupant, SlotKey
 from boundedcode_gateway.metering.bus import RecordSink
 from boundedcode_gateway.metering.meter import Meter
@@ -270,9 +275,8 @@ class SlotFiles:
             return None
         task = leaving.conversation[0]
         try:
-            await self.store.adopt(
-                path, name, task, identity, saved, min(leaving.tokens, saved) or saved
-            )
+            about = Saving(name, task, identity, saved, min(leaving.tokens, saved) or saved)
+            await self.store.adopt(path, about)
         except OSError as exc:
             self.counts.save_failures += 1
             log.warning("model %s: a saved slot cannot be kept: %s", self.profile, exc)

@@ -93,6 +93,18 @@ class SlotFile:
 
 
 @dataclass(frozen=True, slots=True)
+class Saving:
+    """What a file just saved is: whose (its store name and task), the server it fits,
+    its tokens and, of them, what the conversation's next call is to find cached."""
+
+    name: str
+    task: str
+    identity: str
+    tokens: int
+    prefix_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class StoreTotals:
     files: int
     bytes: int
@@ -191,31 +203,14 @@ class SlotStore:
 
     # -- saving
 
-    async def adopt(
-        self,
-        saved: Path,
-        name: str,
-        task: str,
-        identity: str,
-        tokens: int,
-        prefix_tokens: int,
-    ) -> SlotFile:
+    async def adopt(self, saved: Path, about: Saving) -> SlotFile:
         """Take the file a server just saved (``saved``, in its own folder) into the store
-        as conversation ``name``'s, replacing the one before; the least recently used
-        files then go until the store is within its budget."""
-        return await asyncio.to_thread(
-            self._adopt, saved, name, task, identity, tokens, prefix_tokens
-        )
+        as ``about.name``'s, replacing the one before; the least recently used files then
+        go until the store is within its budget."""
+        return await asyncio.to_thread(self._adopt, saved, about)
 
-    def _adopt(
-        self,
-        saved: Path,
-        name: str,
-        task: str,
-        identity: str,
-        tokens: int,
-        prefix_tokens: int,
-    ) -> SlotFile:
+    def _adopt(self, saved: Path, about: Saving) -> SlotFile:
+        name = about.name
         private_files.make_folder(self.folder)
         target = self._slot_path(name)
         with self._lock:
@@ -223,7 +218,17 @@ class SlotStore:
             target.chmod(0o600)
             size, sha, _head = file_digest(target)
             now = self._clock()
-            entry = SlotFile(name, task, identity, tokens, prefix_tokens, size, sha, now, now)
+            entry = SlotFile(
+                name,
+                about.task,
+                about.identity,
+                about.tokens,
+                about.prefix_tokens,
+                size,
+                sha,
+                now,
+                now,
+            )
             private_files.write_atomically(self._about_path(name), entry.about())
             self._files[name] = entry
             self._within_budget(keep=name)
