@@ -46,6 +46,7 @@ from boundedcode_gateway.policy.capabilities import check_request
 from boundedcode_gateway.policy.history_diff import History, stable_digest
 from boundedcode_gateway.policy.reasoning import REASONING_FIELD
 from boundedcode_gateway.policy.structured import requested_schema
+from boundedcode_gateway.policy.volatile_lines import strip_system_messages
 from boundedcode_gateway.providers.base import ChatCall, RequestOptions, Upstream
 from boundedcode_gateway.reasoning_store.backend import CallReasoning, ReasoningBackend
 from boundedcode_gateway.reasoning_store.keys import keys_for
@@ -141,6 +142,14 @@ class Capture:
     answer: bool
 
 
+def conversation_head(body: dict[str, Any]) -> str:
+    """What tells a client's side requests (a title, a summary) from its main
+    conversation on the same task, so each keeps a slot of its own: a digest of the first
+    message, without the lines that change on every request (a billing nonce)."""
+    first, _ = strip_system_messages(body["messages"][:1])
+    return format(stable_digest(first[0]), "x") if first else ""
+
+
 class CallFlow:
     """The steps of one call to one upstream, and what they found, for its record."""
 
@@ -216,11 +225,7 @@ class CallFlow:
         # chosen when the first request is sent (from its size)
         fleet = self._fleet
         if fleet is not None:
-            # the first message tells a client's side requests (a title, a summary) from
-            # its main conversation on the same task: each keeps a slot of its own
-            messages = body["messages"]
-            head = format(stable_digest(messages[0]), "x") if messages else ""
-            self._server = fleet.lease(ctx.task, ctx.purpose, caller, head)
+            self._server = fleet.lease(ctx.task, ctx.purpose, caller, conversation_head(body))
         return ChatCall(body, options, caps, schema, task_reasoning, ctx.call_id)
 
     # -- sending

@@ -423,3 +423,22 @@ def test_retention_removes_the_slot_files_of_idle_tasks(
     (left,) = store_files(again)
     about = orjson.loads(left.with_suffix(".json").read_bytes())
     assert about["task"] == "b"
+
+
+def test_a_line_new_on_every_request_keeps_the_conversation_in_its_slot(
+    start_gateway: GatewayFactory, server: Server
+) -> None:
+    """Claude Code's billing header changes on every request: it is not what tells one
+    conversation from another, so the agent's turns stay in their slot, unsaved."""
+
+    def system(nonce: int) -> str:
+        return f"x-anthropic-billing-header: cc_version=2.1; cch={nonce:08x};\n{SYSTEM}"
+
+    gw = start_gateway({"m": server.profile()})
+    messages = chat(system(1))
+    turn(gw, "t", messages)
+    messages[0] = {"role": "system", "content": system(2)}
+    turn(gw, "t", messages)
+    assert server.fake.saved == [] and gw.saves() == []
+    second = gw.calls()[-1]
+    assert second["miss_cause"] == "none" and second["restored_tokens"] is None
