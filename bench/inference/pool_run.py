@@ -36,6 +36,7 @@ from bench import real_server
 from bench.inference.caller import Caller
 from bench.inference.pool_results import IDEAL
 from bench.inference.workload import Workload
+from boundedcode_gateway.metering.records import OWN_RECORD_PURPOSES
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
 
 # the caller waits this much longer than the gateway waits for the server
@@ -263,6 +264,8 @@ def rows_of_run(
         mine = sorted((r for r in records if r["task"] == task), key=lambda r: r["started_at"])
         calls: list[dict[str, Any]] = []
         for record in mine:
+            if record["purpose"] in OWN_RECORD_PURPOSES:
+                continue  # the gateway's own work for the task (a slot save): no call
             repair = record["purpose"] == REPAIR_PURPOSE
             row: dict[str, Any] = {"policy": policy, "kind": "repair" if repair else "call"}
             row.update({k: record.get(k) for k in RECORD_KEYS})
