@@ -132,7 +132,8 @@ bench-cache-repair: $(VENV)/.test
 	$(BIN)/python -m bench.cache_repair $(BENCH_ARGS)
 
 ## bench-inference: agent workloads on the real server, each mode in turn (bench/inference);
-##   BENCH_ARGS="--servers N --tasks T": T tasks at once over N servers, per routing policy
+##   BENCH_ARGS="--servers N --tasks T": T tasks at once over N servers, per routing policy;
+##   BENCH_ARGS="--events all": restarts, crowding, failover, side requests, slot files on and off
 bench-inference: $(VENV)/.test $(BENCH_VENV)/.bench
 	$(BIN)/python -m bench.inference $(BENCH_ARGS)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,9 @@ STARTUP_TIMEOUT_S = 180.0
 LITELLM_BINARY = ROOT / ".venv-bench" / "bin" / "litellm"
 
 
-def _healthy(proc: procs.Proc, url: str, health: str, timeout_s: float) -> None:
+def wait_healthy(proc: procs.Proc, url: str, health: str, timeout_s: float) -> None:
+    """Until ``proc`` listens on ``url``'s port and ``health`` answers 200; raises with the
+    end of its log if it exits or does not come up in ``timeout_s``."""
     procs.wait_listening(proc, int(url.rsplit(":", 1)[1]), timeout_s)
     with httpx.Client(timeout=5) as client:
         for _ in range(int(timeout_s * 10)):
@@ -58,7 +60,7 @@ def running(
 ) -> Iterator[str]:
     proc = procs.start(name, argv, None, log_dir, env)
     try:
-        _healthy(proc, url, health, STARTUP_TIMEOUT_S)
+        wait_healthy(proc, url, health, STARTUP_TIMEOUT_S)
         yield url
     finally:
         procs.stop(proc, grace_s=20)
@@ -112,32 +114,43 @@ LITELLM_MODEL = "local"
 LITELLM_KEY = "sk-bench-litellm-0000"
 
 
+# with fallback servers, how often LiteLLM's router tries a call again (on another
+# deployment once the first is down)
+LITELLM_RETRIES = 2
+
+
+def litellm_config(server: str, fallbacks: Sequence[str] = ()) -> dict[str, Any]:
+    """LiteLLM's configuration: one model in front of ``server`` and, tried in their order
+    once it fails, the ``fallbacks`` (deployments of the same model, ``order`` 2, 3, ...)."""
+    deployments = []
+    for order, url in enumerate([server, *fallbacks], start=1):
+        params: dict[str, Any] = {"model": "openai/local", "api_base": url + "/v1"}
+        params["api_key"] = "none"
+        if fallbacks:
+            params["order"] = order
+        deployments.append({"model_name": LITELLM_MODEL, "litellm_params": params})
+    config: dict[str, Any] = {
+        "model_list": deployments,
+        "litellm_settings": {"telemetry": False, "drop_params": False},
+    }
+    if fallbacks:
+        config["router_settings"] = {"num_retries": LITELLM_RETRIES, "allowed_fails": 0}
+    return config
+
+
 @contextmanager
-def litellm_proxy(server: str, log_dir: Path, name: str = "litellm") -> Iterator[str]:
-    """The LiteLLM proxy with one OpenAI-compatible model in front of ``server``; its URL.
+def litellm_proxy(
+    server: str, log_dir: Path, name: str = "litellm", fallbacks: Sequence[str] = ()
+) -> Iterator[str]:
+    """The LiteLLM proxy with one OpenAI-compatible model in front of ``server`` (and its
+    ``fallbacks``: ``litellm_config``); its URL.
 
     Requests to it carry ``Authorization: Bearer LITELLM_KEY`` and model ``LITELLM_MODEL``.
     """
     if not LITELLM_BINARY.exists():
         raise FileNotFoundError(f"the LiteLLM proxy is not installed ({LITELLM_BINARY})")
     config = log_dir / f"{name}.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "model_list": [
-                    {
-                        "model_name": LITELLM_MODEL,
-                        "litellm_params": {
-                            "model": "openai/local",
-                            "api_base": server + "/v1",
-                            "api_key": "none",
-                        },
-                    }
-                ],
-                "litellm_settings": {"telemetry": False, "drop_params": False},
-            }
-        )
-    )
+    config.write_text(yaml.safe_dump(litellm_config(server, fallbacks)))
     port = procs.free_port()
     argv = [str(LITELLM_BINARY), "--config", str(config), "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--num_workers", "1"]

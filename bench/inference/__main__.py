@@ -22,6 +22,17 @@ report.md (bench/inference/pool_results.py).
 
     make bench-inference BENCH_ARGS="--servers 2 --tasks 8"
     make bench-inference BENCH_ARGS="--servers 2 --tasks 2 --turns 4 --routing affinity"
+
+With ``--events`` the events benchmark runs instead (bench/inference/events.py): what
+happens to a task's server between its turns (``restart``, ``gateway-restart``,
+``crowded``, ``crowded-ram``, ``failover``, ``side-requests``, or ``all``), each in the
+modes ``slot-files``, ``no-slot-files`` and ``litellm``, with reasoning answers of
+several hundred tokens (``--max-tokens 300``, ``--reasoning-budget 250`` unless given).
+Writes bench-results/events-<timestamp>/: samples.jsonl (every call of every run),
+report.md (bench/inference/events_results.py) and a chart per event.
+
+    make bench-inference BENCH_ARGS="--events all"
+    make bench-inference BENCH_ARGS="--events restart,failover --event-modes slot-files,litellm"
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import argparse
 import dataclasses
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -40,7 +52,9 @@ from typing import Any
 import orjson
 
 from bench import real_server
-from bench.inference import plots, pool_results, results
+from bench.inference import events as events_plan
+from bench.inference import events_plots, events_results, plots, pool_results, results
+from bench.inference.events_run import EventSettings, run_events
 from bench.inference.modes import MODES
 from bench.inference.pool_run import TASK_LINE, PoolSettings, run_benchmark
 from bench.inference.run import Settings, run_mode
@@ -60,6 +74,8 @@ POOL_CACHE_RAM_MIB = 512
 # calls queue behind it: the gateway's read_timeout_s (default 600 s) is raised
 POOL_READ_TIMEOUT_S = 1800.0
 SETTINGS_FILE = "settings.json"
+# the four-mode benchmark's answers: short, so that its 22 turns fit the context
+MODES_REASONING_BUDGET = 32
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -73,8 +89,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--turns", type=int, default=0, help="at most this many steps (0: all)")
     p.add_argument("--model-path", default=real_server.DEFAULT_MODEL)
     p.add_argument("--template", type=Path, default=TEMPLATE)
-    p.add_argument("--reasoning-budget", type=int, default=32, help="llama-server's, tokens")
-    p.add_argument("--max-tokens", type=int, default=0, help="0: the workload's")
+    p.add_argument(
+        "--reasoning-budget",
+        type=int,
+        default=None,
+        help=f"llama-server's, tokens (default {MODES_REASONING_BUDGET}; with --events "
+        f"{events_plan.REASONING_BUDGET})",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=0,
+        help=f"0: the workload's (with --events, {events_plan.MAX_TOKENS})",
+    )
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", type=Path, default=None, help="default bench-results/inference-<ts>")
@@ -89,10 +116,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     pool.add_argument("--cache-ram-mib", type=int, default=POOL_CACHE_RAM_MIB, help="per server")
     pool.add_argument(
-        "--threads", type=int, default=0, help="per server (0: the cores / the servers)"
+        "--threads",
+        type=int,
+        default=0,
+        help=f"per server (0: the cores / the servers; with --events {events_plan.THREADS})",
     )
     pool.add_argument(
-        "--tool-time", type=float, default=2.0, help="s between an answer and the next call"
+        "--tool-time",
+        type=float,
+        default=2.0,
+        help="s between an answer and the next call (also with --events)",
     )
     pool.add_argument("--run-timeout", type=float, default=180.0, help="minutes, each run")
     pool.add_argument(
@@ -106,6 +139,18 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="in --out, run only what its samples.jsonl lacks (same settings)",
     )
+    ev = p.add_argument_group("the events benchmark (with --events)")
+    ev.add_argument(
+        "--events", default=None, help=f"comma-separated of {', '.join(events_plan.EVENTS)}; all"
+    )
+    ev.add_argument("--event-modes", default=",".join(events_plan.MODES), help="comma-separated")
+    ev.add_argument(
+        "--idle-save",
+        type=float,
+        default=1.0,
+        help="the gateway's prompt_cache.idle_save_s, s (its default is 30)",
+    )
+    ev.add_argument("--event-timeout", type=float, default=15.0, help="minutes, each run")
     return p
 
 
@@ -264,8 +309,124 @@ def _pool_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _litellm_version() -> str:
+    found = sorted(
+        real_server.ROOT.glob(".venv-bench/lib/python*/site-packages/litellm-*.dist-info")
+    )
+    return found[-1].name.removesuffix(".dist-info").split("-", 1)[1] if found else "?"
+
+
+def _events_header(
+    s: EventSettings,
+    modes: list[str],
+    samples: list[dict[str, Any]],
+    started: str,
+    seconds: float,
+) -> str:
+    versions = [*_versions(), f"gateway at commit {_commit()}"]
+    if events_plan.LITELLM in modes:
+        versions.append(f"LiteLLM {_litellm_version()}")
+    loads = [r["load_1m"] for r in samples if r.get("load_1m") is not None]
+    load = (
+        f"The machine's 1-minute load average as each run began: {min(loads):.1f} to "
+        f"{max(loads):.1f} on {os.cpu_count()} cores (times to first token grow with it; "
+        "token counts do not)."
+        if loads
+        else ""
+    )
+    return "\n".join(
+        [
+            "# Slot files: the events benchmark",
+            "",
+            _run_line(started, seconds, versions),
+            "",
+            f"The agent workload `{events_plan.EVENTS_WORKLOAD}` (its first turns), each "
+            f"event in the modes {', '.join(f'`{m}`' for m in modes)}, each run on fresh "
+            f"processes. Every server: model `{s.model}`, template `{s.template.name}`, one "
+            f"slot of {s.ctx_size} tokens, `--reasoning-budget {s.reasoning_budget}`, "
+            f"`--threads {s.threads}`; the agent's answers `max_tokens: {s.max_tokens}` "
+            f"(the side requests' {events_plan.SIDE_MAX_TOKENS}), temperature "
+            f"{s.temperature}, seed {s.seed} + the task's number. The gateway: managed "
+            f"servers, `reasoning_history: auto`, `prompt_cache.idle_save_s: "
+            f"{s.idle_save_s:g}`; the caller drops `reasoning_content` from its history and "
+            f"waits {s.tool_time_s:g} s (its tool) after each answer and the gateway's cache "
+            "repair of it. "
+            "Evaluated tokens: the gateway's call log (`evaluated_tokens`, the cache "
+            "repair's records apart), LiteLLM's servers' `llamacpp:prompt_tokens_total` "
+            "before and after each call. Time to first token: every call streamed, from "
+            "sending it to the first chunk with a token, as the caller sees it; after a "
+            "restart the call is sent once the server answers again. " + load,
+            "",
+            _command(),
+        ]
+    )
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _events_main(args: argparse.Namespace) -> int:
+    try:
+        events = [e.with_turns(args.turns) for e in events_plan.parse_events(args.events)]
+        modes = events_plan.parse_modes(args.event_modes)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    if events_plan.LITELLM in modes and not real_server.LITELLM_BINARY.exists():
+        raise SystemExit(f"the LiteLLM proxy is not installed ({real_server.LITELLM_BINARY})")
+    workload = load_workload(events_plan.EVENTS_WORKLOAD)
+    settings = EventSettings(
+        model=args.model_path,
+        template=args.template,
+        reasoning_budget=args.reasoning_budget,
+        max_tokens=args.max_tokens or events_plan.MAX_TOKENS,
+        temperature=args.temperature,
+        seed=args.seed,
+        threads=args.threads or events_plan.THREADS,
+        ctx_size=events_plan.CTX_SIZE,
+        idle_save_s=args.idle_save,
+        tool_time_s=args.tool_time,
+        call_timeout_s=real_server.STARTUP_TIMEOUT_S + POOL_READ_TIMEOUT_S,
+        run_timeout_s=args.event_timeout * 60,
+    )
+    for event in events:
+        try:
+            events_plan.check_fits(workload, event.turns, settings.max_tokens, settings.ctx_size)
+        except ValueError as exc:
+            raise SystemExit(f"{event.name}: {exc}") from None
+    started = time.strftime("%Y%m%d-%H%M%S")
+    out: Path = args.out or Path("bench-results") / f"events-{started}"
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    # a SIGTERM (a timeout's) ends the run as Ctrl-C does: every process it started stopped
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        with (out / "samples.jsonl").open("wb") as sink:
+
+            def write(rows: list[dict[str, Any]]) -> None:
+                sink.writelines(orjson.dumps(row) + b"\n" for row in rows)
+                sink.flush()
+
+            samples = run_events(events, modes, workload, settings, out, write)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if not args.no_plots:
+        events_plots.write_plots(samples, out)
+    header = _events_header(settings, modes, samples, started, time.monotonic() - t0)
+    text = events_results.report(samples, header, charts=not args.no_plots)
+    (out / "report.md").write_text(text)
+    print(text)
+    print(f"written to {out}")
+    return 0 if all(r["kind"] != "error" for r in samples) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.reasoning_budget is None:
+        events = args.events is not None
+        args.reasoning_budget = events_plan.REASONING_BUDGET if events else MODES_REASONING_BUDGET
+    if args.events is not None:
+        return _events_main(args)
     if args.servers is not None:
         return _pool_main(args)
     args.workloads = args.workloads or ",".join(WORKLOADS)
