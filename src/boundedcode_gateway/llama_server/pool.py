@@ -153,7 +153,6 @@ class ServerPool:
                     await task
         self._prober = self._saver = None
         if self.slot_files is not None:
-            self.noticed_restarts()
             try:
                 saved = await self.slot_files.save_all(self.members)
             except Exception:
@@ -171,17 +170,11 @@ class ServerPool:
 
     # -- slots
 
-    def noticed_restarts(self) -> None:
-        """A managed server that started again since its slots were last looked at holds
-        nothing: its table is emptied."""
-        for member in self.members:
-            table = member.slots
-            if table is None or table.generation == member.generation:
-                continue
-            table.emptied(member.generation)
-
     def _restarted(self, member: PoolMember) -> None:
-        self.noticed_restarts()
+        """A managed server is ready again (told before any call can reach it): its slots
+        hold nothing."""
+        if member.slots is not None:
+            member.slots.emptied(member.generation)
         if self.restarted is not None:
             self.restarted(member)
 
@@ -210,7 +203,6 @@ class ServerPool:
         every = min(max(files.idle_save_s / 4, 0.05), SAVE_CHECK_EVERY_S)
         while True:
             await asyncio.sleep(every)
-            self.noticed_restarts()
             try:
                 await files.save_idle(self.members)
             except Exception:
@@ -424,7 +416,6 @@ class ServerLease:
             return body
         if self._slot is None or self._slot[0] != index:
             self._release_slot()
-            pool.noticed_restarts()
             grant = await table.acquire(self._group, self._conversation)
             try:
                 outcome = await pool.ready_slot(member, grant, self._conversation, self._group)
