@@ -500,6 +500,8 @@ def test_the_configured_seal_age_is_the_one_a_gateway_holds_seals_to(
     # at once, the seal opens: the setting refuses only what is older than it
     create(second.client(task="one"), items + answered(answer, True, "x"))
     assert sent_reasoning(upstreams)[-1] == [TURNS[0].reasoning_content]
-    time.sleep(SHORT_SEAL_AGE_DAYS * 86400 + 0.5)
+    # a seal's time is in whole seconds, and refused once more than the age has passed:
+    # 2.5 s later is 2 whole seconds later where the seal was made early in its second
+    time.sleep(SHORT_SEAL_AGE_DAYS * 86400 + 1.5)
     create(second.client(task="one"), items + answered(answer, True, "x"))
     assert sent_reasoning(upstreams)[-1] == [None]
