@@ -38,6 +38,7 @@ from boundedcode_gateway.policy.cache_misses import (
     NOT_A_MISS,
     RESTORE_INEFFECTIVE,
     ContinuityTable,
+    ConversationId,
     MissReport,
     PreviousCall,
     classify,
@@ -178,6 +179,9 @@ class CallFlow:
         # what the steps found, for the record
         self._log = AttemptLog()
         self._changed: int | None = None
+        # the same, where the request before was of this call's own conversation
+        self._own_changed: int | None = None
+        self._conversation: ConversationId = ("", "", "", "")
         self._stream = False
         # the front's first, then what the upstream's adapter and the relay changed
         self._adjustments: dict[str, Any] = dict(meter.ctx.adjustments)
@@ -203,6 +207,7 @@ class CallFlow:
         try:
             history = self._shared.history
             self._changed = await history.changed(ctx.task, ctx.purpose, body["messages"])
+            self._own_changed = self._changed
         except TypeError:
             raise_if_too_deep(body)
             raise
@@ -217,15 +222,19 @@ class CallFlow:
         self._stream = options.stream
         check_request(body, caps, upstream.name)
         task_reasoning = self._reasoning = await self._shared.reasoning.task(ctx.task, ctx.scope)
+        fleet = self._fleet
+        head = conversation_head(body) if fleet is not None or self._keeper is not None else ""
+        self._conversation = (ctx.task, ctx.purpose, upstream.name, head)
         if self._keeper is not None:
-            conversation = (ctx.task, ctx.purpose, upstream.name)
-            self._previous = self._shared.continuity.previous(conversation)
+            self._previous, followed = self._shared.continuity.compared(self._conversation)
+            if not followed:
+                # the history compared was another conversation's (a side request's)
+                self._own_changed = None
         caller = ctx.caller.name if ctx.caller is not None else None
         # the call's server is leased before any request is made of it; its server is
         # chosen when the first request is sent (from its size)
-        fleet = self._fleet
         if fleet is not None:
-            self._server = fleet.lease(ctx.task, ctx.purpose, caller, conversation_head(body))
+            self._server = fleet.lease(ctx.task, ctx.purpose, caller, head)
         return ChatCall(body, options, caps, schema, task_reasoning, ctx.call_id)
 
     # -- sending
@@ -351,7 +360,7 @@ class CallFlow:
                     "model %s: the reply does not match the schema it was sent", upstream.name
                 )
         if self._server is not None:
-            changed = self._changed
+            changed = self._own_changed
             self._server.answered(metrics, diverged=changed is not None and changed >= 0)
         if self._keeper is not None:
             self._follow_cache(self._keeper, call, metrics)
@@ -360,7 +369,9 @@ class CallFlow:
         """Name this call's cache miss, remember it for the next call of its conversation,
         and hand the answer to the keeper."""
         ctx, profile = self._meter.ctx, self._upstream.name
-        miss = classify(self._previous, metrics.prompt_tokens, metrics.cached_tokens, self._changed)
+        miss = classify(
+            self._previous, metrics.prompt_tokens, metrics.cached_tokens, self._own_changed
+        )
         server = self._server
         moved = server.moved if server is not None else None
         if miss is not None and moved is not None and miss.cause not in MOVED_NOT_MISSED:
@@ -383,7 +394,7 @@ class CallFlow:
         now = PreviousCall(
             metrics.prompt_tokens, metrics.completion_tokens, len(call.body["messages"])
         )
-        self._shared.continuity.remember((ctx.task, ctx.purpose, profile), now)
+        self._shared.continuity.remember(self._conversation, now)
         had_reasoning = bool(answer.get(REASONING_FIELD))
         reasoning_back = call.caps.reasoning_back
         if not reasoning_back:
@@ -401,6 +412,7 @@ class CallFlow:
                 reasoning_back,
                 now,
                 server.slot if server is not None else None,
+                server.state if server is not None else None,
             )
         )
 
@@ -443,6 +455,7 @@ class CallFlow:
         r.upstream_model = upstream.upstream_model
         r.stream = self._stream
         r.changed = self._changed
+        r.conversation = self._conversation[3] or None
         r.attempts = self._log.count
         r.attempt_log = self._log.entries
         r.retried = self._log.retried

@@ -122,11 +122,33 @@ def test_a_side_request_between_two_turns_leaves_the_agents_slot_to_come_back(
     turn(gw, "t", agent)
     first, side, second = gw.calls()
     assert side["restored_tokens"] is None  # nothing of its own to restore
+    # the title's messages differ from the first: so does its prompt
+    assert (side["miss_cause"], side["changed"]) == ("history_rewrite", 0)
+    assert side["conversation"] != first["conversation"]
     assert second["restored_tokens"] and second["restored_tokens"] >= first["prompt_tokens"]
     assert second["evaluated_tokens"] <= second["prompt_tokens"] - first["prompt_tokens"]
+    assert second["miss_cause"] == "none", second
     # and the title's next call finds its own slot state back too
     turn(gw, "t", title)
     assert gw.calls()[-1]["restored_tokens"]
+
+
+def test_without_slot_files_the_agents_turn_after_a_side_request_is_not_a_rewrite(
+    start_gateway: GatewayFactory, server: Server
+) -> None:
+    gw = start_gateway({"m": server.profile()}, prompt_cache={"slot_files": False})
+    agent = chat()
+    turn(gw, "t", agent)
+    title = chat("Write a 5-word title for the conversation.", "t")
+    turn(gw, "t", title)
+    turn(gw, "t", agent)
+    turn(gw, "t", title)
+    first, _, second, side = gw.calls()
+    # the title took the only slot: the agent's history was not rewritten, it was evicted
+    assert second["changed"] == 0 and second["miss_cause"] == "server", second
+    assert second["reusable_tokens"] == first["prompt_tokens"] + first["completion_tokens"]
+    # and the title's next call is compared with the title's first
+    assert side["changed"] == 0 and side["miss_cause"] == "server", side
 
 
 @pytest.mark.parametrize(
@@ -341,6 +363,57 @@ def test_a_task_whose_server_fails_is_restored_on_the_other_server_of_its_pool(
     assert second["server"] != home and second["status"] == "ok"
     assert second["restored_tokens"] == first["prompt_tokens"] + first["completion_tokens"]
     assert second["evaluated_tokens"] <= second["prompt_tokens"] - first["prompt_tokens"]
+
+
+def looks_busy(state: Any) -> None:
+    """A server of the pool taken to be busy with another client's long call (the pool's
+    probe is off): a call of a conversation it holds goes to the other server."""
+    state.others_busy = 1
+    state.measured(0, None, 10**12)
+
+
+def test_a_rebalanced_task_takes_its_newest_tokens_with_it_both_ways(
+    start_gateway: GatewayFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # no probe to correct what the test says of each server's load, no idle save
+    monkeypatch.setattr(pool_module, "PROBE_EVERY_S", 3600.0)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    gw = start_gateway(
+        {
+            "pool": {
+                "provider": "local",
+                "model_path": str(model),
+                "replicas": 2,
+                "server": {"cache_repair": False, "parallel": 1},
+            }
+        },
+        llama_server_bin=str(write_binary(tmp_path)),
+        prompt_cache={"idle_save_s": 3600},
+    )
+    members = gw.app.fleets["pool"].pool.members
+    a = chat(task="a")
+    turn(gw, "a", a, model="pool")
+    home = gw.calls()[0]["server"]
+    x, y = sorted(members, key=lambda m: m.state.name != home)
+    assert not store_files(gw)
+    looks_busy(x.state)
+    turn(gw, "a", a, model="pool")
+    # the server it left is up: its slot is saved there before the restore here
+    first, second = gw.calls()
+    assert second["server"] == y.state.name
+    assert second["slot_save_ms"] is not None
+    assert second["restored_tokens"] == first["prompt_tokens"] + first["completion_tokens"]
+    assert second["evaluated_tokens"] <= second["prompt_tokens"] - first["prompt_tokens"]
+    x.state.others_busy = 0
+    looks_busy(y.state)
+    turn(gw, "a", a, model="pool")
+    # back where its slot holds the first turn: the second's file is restored over it
+    third = gw.calls()[2]
+    assert third["server"] == x.state.name
+    assert third["restored_tokens"] == second["prompt_tokens"] + second["completion_tokens"]
+    assert third["evaluated_tokens"] <= third["prompt_tokens"] - second["prompt_tokens"]
+    assert third["miss_cause"] == "none", third
 
 
 def test_a_slot_the_caller_names_is_left_out_for_the_conversations_own(

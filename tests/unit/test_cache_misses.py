@@ -185,13 +185,34 @@ def test_the_table_read_back_from_a_call_log() -> None:
             {"task": "t", "purpose": 7, "model_profile": "local"},
         ]
     )
-    agent = table.previous(("t", "agent_turn", "local"))
+    agent = table.previous(("t", "agent_turn", "local", ""))
     assert agent is not None
     assert (agent.prompt_tokens, agent.completion_tokens, agent.answer_index) == (150, 30, 3)
     assert agent.repaired_tokens is None  # the repair followed the earlier answer
-    assert table.previous(("t", "planner", "local")) is None
-    assert table.previous(("t", "verification", "local")) is None
+    assert table.previous(("t", "planner", "local", "")) is None
+    assert table.previous(("t", "verification", "local", "")) is None
     repaired = ContinuityTable.from_call_log(
         [_logged("agent_turn", 100, 20), _logged("cache_repair", 126)]
-    ).previous(("t", "agent_turn", "local"))
+    ).previous(("t", "agent_turn", "local", ""))
     assert repaired is not None and repaired.reusable_tokens == 126
+
+
+def test_each_conversation_of_a_task_is_read_back_on_its_own() -> None:
+    table = ContinuityTable.from_call_log(
+        [
+            _logged("agent_turn", 100, 20, conversation="a1"),
+            _logged("agent_turn", 30, 5, conversation="b2"),  # a title request between
+        ]
+    )
+    agent = table.previous(("t", "agent_turn", "local", "a1"))
+    title = table.previous(("t", "agent_turn", "local", "b2"))
+    assert agent is not None and agent.prompt_tokens == 100
+    assert title is not None and title.prompt_tokens == 30
+    # the agent's next call is compared with its own, the history it is sent with with
+    # the title's
+    assert table.compared(("t", "agent_turn", "local", "a1")) == (agent, False)
+    assert table.compared(("t", "agent_turn", "local", "b2")) == (title, True)
+    # a conversation's first call is compared with the task's last: a rewrite of the
+    # first message is named as one
+    assert table.compared(("t", "agent_turn", "local", "c3")) == (title, True)
+    assert table.compared(("u", "agent_turn", "local", "a1")) == (None, True)

@@ -111,6 +111,22 @@ def test_the_busy_slots_read_from_the_server_count_as_busy() -> None:
     assert names(pool, prompt=2000) == "a stayed"
 
 
+def test_a_lone_conversation_stays_on_its_idle_server_whatever_a_stale_reading_says() -> None:
+    pool = [
+        server("a", holds=1000, tps=1000, slot_s=20),
+        server("b", tps=1000, slot_s=20),
+    ]
+    # read during the conversation's own last call, which has ended since
+    pool[0].call_started()
+    pool[0].slots_read(1)
+    pool[0].call_ended()
+    assert names(pool, prompt=2000) == "a stayed"
+    # read during the cache repair that follows it, which gives way to the next call
+    with pool[0].working():
+        pool[0].slots_read(1)
+        assert names(pool, prompt=2000) == "a stayed"
+
+
 def test_a_server_with_a_free_slot_keeps_its_conversation_even_if_slower() -> None:
     pool = [server("a", holds=10, tps=10), server("b", tps=10_000)]
     assert names(pool, prompt=10_000) == "a stayed"

@@ -96,7 +96,7 @@ def test_prefill_speed_is_a_moving_average_of_long_enough_prompts() -> None:
     assert server.prefill_tps == 1250.0 and server.slot_s == 5.0
 
 
-def test_load_is_the_larger_of_the_calls_in_flight_and_the_busy_slots() -> None:
+def test_load_is_the_calls_in_flight_and_the_other_clients_busy_slots() -> None:
     server = ServerState("s", parallel=2)
     assert (server.load, server.busy) == (0, False)
     server.call_started()
@@ -112,6 +112,28 @@ def test_load_is_the_larger_of_the_calls_in_flight_and_the_busy_slots() -> None:
     server.call_ended()
     server.call_ended()  # one end too many never goes below zero
     assert (server.in_flight, server.load) == (0, 0)
+
+
+def test_a_reading_taken_during_the_gateways_own_call_is_not_load_once_it_ended() -> None:
+    server = ServerState("s", parallel=1)
+    server.call_started()
+    server.slots_read(1)  # the gateway's own call, processing
+    assert server.busy
+    server.call_ended()
+    # the reading is up to a second old: the call it counted has ended
+    assert (server.busy_slots, server.load, server.busy) == (1, 0, False)
+
+
+def test_the_gateways_background_work_is_not_load() -> None:
+    server = ServerState("s", parallel=1)
+    with server.working():
+        server.slots_read(1)  # a cache repair, which gives way to the next call
+        assert (server.load, server.busy) == (0, False)
+        server.slots_read(2)  # and another client's call beside it
+        assert (server.load, server.busy) == (1, True)
+    assert server.background == 0
+    server.restarted()
+    assert (server.busy_slots, server.load) == (None, 0)
 
 
 def test_a_server_has_a_slot() -> None:

@@ -208,3 +208,25 @@ def test_idle_slots_are_found_once_idle_long_enough() -> None:
     assert table.idle_unsaved(5.0) == []
     now[0] = 6.0
     assert table.idle_unsaved(5.0) == [grant.index]
+
+
+def test_a_conversation_moving_on_is_held_for_its_save_only_while_it_has_unsaved_tokens() -> None:
+    table = SlotTable(2, isolated=True)
+    grant = table.take("task:a", CONVERSATIONS[0])
+    assert grant is not None
+    # in use: not held for a save
+    assert table.hold_conversation("task:a", CONVERSATIONS[0]) is None
+    table.filled(grant.index, 120)
+    table.release(grant.index)
+    # another group's, or another conversation's: not its
+    assert table.hold_conversation("task:b", CONVERSATIONS[0]) is None
+    assert table.hold_conversation("task:a", CONVERSATIONS[1]) is None
+    held = table.hold_conversation("task:a", CONVERSATIONS[0])
+    assert held is not None and held[0] == grant.index
+    assert (held[1].conversation, held[1].tokens) == (CONVERSATIONS[0], 120)
+    table.saved(grant.index)
+    table.release(grant.index)
+    assert table.hold_conversation("task:a", CONVERSATIONS[0]) is None  # nothing unsaved
+    again = table.take("task:a", CONVERSATIONS[0])
+    # back in its slot: what the slot holds of it, for a newer file to be restored over
+    assert again is not None and again.resident and again.tokens == 120

@@ -91,11 +91,11 @@ def test_history_bounds_the_digests_it_keeps() -> None:
 def test_continuity_forgets_an_idle_conversation() -> None:
     clock = FakeClock()
     table = ContinuityTable(max_keys=10, idle_s=600, clock=clock)
-    table.remember(("t", "p", "m"), PreviousCall(100, 10, 1))
+    table.remember(("t", "p", "m", ""), PreviousCall(100, 10, 1))
     clock.now += 599
-    assert table.previous(("t", "p", "m")) is not None
+    assert table.previous(("t", "p", "m", "")) is not None
     clock.now += 601
-    assert table.previous(("t", "p", "m")) is None  # its next call: first_call
+    assert table.previous(("t", "p", "m", "")) is None  # its next call: first_call
     rebuilt = ContinuityTable.from_call_log(
         [
             {
@@ -112,8 +112,8 @@ def test_continuity_forgets_an_idle_conversation() -> None:
         max_keys=3,
     )
     assert len(rebuilt) == 3
-    assert rebuilt.previous(("t4", "p", "m")) is not None
-    assert rebuilt.previous(("t0", "p", "m")) is None
+    assert rebuilt.previous(("t4", "p", "m", "")) is not None
+    assert rebuilt.previous(("t0", "p", "m", "")) is None
 
 
 async def test_a_forgotten_task_reads_its_reasoning_again(

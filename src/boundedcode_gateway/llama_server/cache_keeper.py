@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,7 @@ from boundedcode_gateway.policy.cache_misses import (
     token_ends_after,
 )
 from boundedcode_gateway.policy.media import media_parts
+from boundedcode_gateway.pools.server_state import ServerState
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ class AnsweredCall:
     previous: PreviousCall  # where the evidence goes, for the conversation's next call
     # under cache isolation, the slot that served it (the repair goes there or nowhere)
     slot: SlotHold | None = None
+    # the server's state, which counts the repair as work that gives way to calls
+    state: ServerState | None = None
 
 
 def next_request_messages(messages: list[Any], answer: dict[str, Any]) -> list[Any]:
@@ -246,7 +249,8 @@ class CacheKeeper:
         self._repairing.add(current)
         repaired: int | None = None
         try:
-            repaired = await self._run_repair(call, rendered)
+            with call.state.working() if call.state is not None else nullcontext():
+                repaired = await self._run_repair(call, rendered)
         finally:
             self._repairing.discard(current)
             if hold is not None:
@@ -262,23 +266,22 @@ class CacheKeeper:
         while len(self._recent) > REWARM_CONVERSATIONS:
             self._recent.popitem(last=False)
 
-    def rewarm(self, server: str, root: str, table: SlotTable, busy: Callable[[], bool]) -> None:
+    def rewarm(self, state: ServerState, root: str, table: SlotTable) -> None:
         """``server`` started again with its cache empty and its slots cannot be restored:
         the conversations it served last (as many as it has slots, the most recent first)
         are evaluated again in their slots while it is idle, each giving way to the first
         call that arrives (metered as repairs)."""
-        job = asyncio.get_running_loop().create_task(self._rewarm(server, root, table, busy))
+        job = asyncio.get_running_loop().create_task(self._rewarm(state, root, table))
         self._jobs.add(job)
         job.add_done_callback(self._jobs.discard)
 
-    async def _rewarm(
-        self, server: str, root: str, table: SlotTable, busy: Callable[[], bool]
-    ) -> None:
+    async def _rewarm(self, state: ServerState, root: str, table: SlotTable) -> None:
+        server = state.name
         recent = [(k[1], r) for k, r in reversed(self._recent.items()) if k[0] == server]
         current = asyncio.current_task()
         assert current is not None
         for conversation, rendered in recent[: len(table)]:
-            if busy():
+            if state.in_flight > 0:
                 return  # a call came: it comes first, and the rest is left
             grant = table.take(rendered.group, conversation)
             if grant is None:
@@ -290,9 +293,10 @@ class CacheKeeper:
             self._repairing.add(current)
             tokens: int | None = None
             try:
-                tokens = await self._evaluate(
-                    rendered.task, server, root, rendered.text, grant.index
-                )
+                with state.working():
+                    tokens = await self._evaluate(
+                        rendered.task, server, root, rendered.text, grant.index
+                    )
             finally:
                 self._repairing.discard(current)
                 if tokens is not None:

@@ -208,8 +208,7 @@ class LocalFleet:
         files = self.pool.slot_files
         if files is not None and files.restoring(member):
             return  # each conversation's file is restored before its next call
-        state = member.state
-        keeper.rewarm(state.name, member.root(), table, lambda: state.in_flight > 0)
+        keeper.rewarm(member.state, member.root(), table)
 
     @property
     def pins_slots(self) -> bool:

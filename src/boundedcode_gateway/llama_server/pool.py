@@ -212,14 +212,23 @@ class ServerPool:
         self, member: PoolMember, grant: SlotGrant, conversation: SlotKey, group: str | None
     ) -> RestoreOutcome | None:
         """Make slot ``grant.index`` of ``member`` ready for a call of ``conversation``: the
-        conversation leaving it saved, the call's own restored, else the slot erased
-        where isolation needs it; what was saved and restored, if anything."""
+        conversation leaving it saved; the call's own saved where another server holds
+        more of it than its file, then restored (also over an older state of it in the
+        slot), else the slot erased where isolation needs it; what was saved and
+        restored, if anything."""
         files = self.slot_files
         outcome: RestoreOutcome | None = None
         save_ms: float | None = None
         if files is not None and grant.leaving is not None:
             save_ms = await files.save(member, grant.index, grant.leaving)
-        if files is not None and not grant.resident:
+        if files is not None and self.several:
+            # the conversation may have left another server since its file was saved
+            moved_ms = await files.save_left(self.members, member, conversation, group)
+            if moved_ms is not None:
+                save_ms = (save_ms or 0.0) + moved_ms
+        if files is not None and (
+            not grant.resident or files.newer(conversation, group, grant.tokens)
+        ):
             outcome = await files.restore(member, grant.index, conversation, group)
         if outcome is not None and outcome.tokens and member.slots is not None:
             member.slots.restored(grant.index, outcome.expected)
@@ -437,6 +446,11 @@ class ServerLease:
             assert table is not None
             table.release(slot)
             self._slot = None
+
+    @property
+    def state(self) -> ServerState | None:
+        """The state of the server the call is on (None until chosen)."""
+        return None if self._index is None else self._pool.members[self._index].state
 
     @property
     def server(self) -> str | None:

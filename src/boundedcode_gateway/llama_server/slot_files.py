@@ -284,6 +284,41 @@ class SlotFiles:
         self.counts.saves += 1
         return round((time.monotonic() - started) * 1000, 1), saved
 
+    async def save_left(
+        self,
+        members: Sequence[PoolMember],
+        arriving: PoolMember,
+        conversation: SlotKey,
+        group: str | None,
+    ) -> float | None:
+        """Save ``conversation``'s slot on the servers other than ``arriving`` that hold
+        tokens of it not in its file (a rebalance leaves a server that is up), so that
+        its restore on ``arriving`` finds all of it; the milliseconds it took, if any."""
+        for member in members:
+            table = member.slots
+            if member is arriving or table is None or member.slot_dir is None:
+                continue
+            if not member.running():
+                continue
+            held = table.hold_conversation(group, conversation)
+            if held is None:
+                continue
+            index, occupant = held
+            try:
+                saved_ms = await self.save(member, index, occupant)
+                if saved_ms is not None:
+                    table.saved(index)
+                    return saved_ms
+            finally:
+                table.release(index)
+        return None
+
+    def newer(self, conversation: SlotKey, group: str | None, tokens: int) -> bool:
+        """Whether ``conversation``'s file holds more of it than the ``tokens`` a slot
+        still holds (the conversation went on on another server since)."""
+        entry = self.store.get(self.name_of(conversation, group))
+        return entry is not None and entry.prefix_tokens >= tokens + MIN_RESTORE_TOKENS
+
     # -- restoring
 
     async def restore(

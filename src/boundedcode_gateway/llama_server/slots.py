@@ -61,14 +61,17 @@ class Occupant:
 @dataclass(frozen=True, slots=True)
 class SlotGrant:
     """A slot given to a call: its index on the server; whether it already holds the
-    call's conversation; the conversation leaving it with tokens not yet saved (to save
-    before the call is sent); whether the server must erase it first (it held another
-    group's prompts, or nothing known)."""
+    call's conversation, and how many of its tokens; the conversation leaving it with
+    tokens not yet saved (to save before the call is sent); whether the server must
+    erase it first (it held another group's prompts, or nothing known)."""
 
     index: int
     erase: bool
     resident: bool = False
     leaving: Occupant | None = None
+    # of a resident conversation, what its next call is to find cached there: its file
+    # may hold more (the conversation went on on another server since)
+    tokens: int = 0
 
 
 class SlotTable:
@@ -132,9 +135,10 @@ class SlotTable:
         self._tick += 1
         slot.in_use, slot.last_used = True, self._tick
         slot.owner = group
+        held = slot.tokens if holds else 0
         if not holds:
             slot.conversation, slot.unsaved, slot.tokens = conversation, False, 0
-        return SlotGrant(index, erase, holds, leaving)
+        return SlotGrant(index, erase, holds, leaving, held)
 
     async def acquire(self, group: str | None, conversation: SlotKey) -> SlotGrant:
         """A slot for a call of ``conversation``, waiting for one to be released while
@@ -198,6 +202,18 @@ class SlotTable:
             return None
         slot.in_use = True
         return Occupant(slot.conversation, slot.owner, slot.tokens)
+
+    def hold_conversation(
+        self, group: str | None, conversation: SlotKey
+    ) -> tuple[int, Occupant] | None:
+        """Take the free slot holding ``conversation``'s unsaved tokens (of ``group``,
+        under isolation) to save it: the conversation is going on on another server."""
+        for index, slot in enumerate(self._slots):
+            if slot.conversation != conversation or (self._isolated and slot.owner != group):
+                continue
+            occupant = self.hold_unsaved(index)
+            return None if occupant is None else (index, occupant)
+        return None
 
     def saved(self, index: int) -> None:
         """The slot's tokens are in its conversation's file now (it is still held)."""

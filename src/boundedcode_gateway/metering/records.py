@@ -75,6 +75,9 @@ class CallRecord:
     # call log only: why a slot file bought nothing ("file_refused: …", "reevaluated",
     # "prefix_diverged"); None when it worked or there was none
     restore_failure: str | None = None
+    # call log only: a digest of the requests' first message, which tells a client's side
+    # requests (a title, a summary) from the task's main conversation; llama.cpp profiles
+    conversation: str | None = None
     # call log only: each attempt's {"status", "code"}, in order
     attempt_log: list[dict[str, Any]] = field(default_factory=list)
     # call log only: what the adapter changed in the request on its own account
@@ -93,7 +96,7 @@ class CallRecord:
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CallRecord))
 # the ledger keeps each call's final outcome; the per-attempt detail is in the call log
 CALL_LOG_ONLY = frozenset(
-    {"attempt_log", "adjustments", "miss_at", "error_message", "restore_failure"}
+    {"attempt_log", "adjustments", "miss_at", "error_message", "restore_failure", "conversation"}
 )
 LEDGER_FIELDS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f not in CALL_LOG_ONLY)
 # a record a sink could not hold, and why

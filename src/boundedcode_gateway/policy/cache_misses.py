@@ -166,15 +166,23 @@ def token_ends_after(pieces: list[str], start_chars: int) -> tuple[int, ...]:
     return tuple(e - start_chars for e in ends[first:])
 
 
+# (task, purpose, profile, a digest of the requests' first message): one conversation
+ConversationId = tuple[str, str, str, str]
+
+
 class ContinuityTable:
-    """The previous call per (task, purpose, profile), in memory: at most ``max_keys`` of
-    them, none idle for longer than ``idle_s``; the least recently used goes first, and
-    the next call of a conversation forgotten is a ``first_call``."""
+    """The previous call per conversation (task, purpose, profile and first message: a
+    client's side requests, a title or a summary, are conversations of their own), in
+    memory: at most ``max_keys`` of them, none idle for longer than ``idle_s``; the least
+    recently used goes first, and the next call of a conversation forgotten is a
+    ``first_call``."""
 
     def __init__(
         self, max_keys: int = 4096, idle_s: float | None = None, clock: Clock = time.monotonic
     ) -> None:
-        self._last: IdleLru[tuple[str, str, str], PreviousCall] = IdleLru(max_keys, idle_s, clock)
+        self._last: IdleLru[ConversationId, PreviousCall] = IdleLru(max_keys, idle_s, clock)
+        # per task, purpose and profile: the conversation of its last call
+        self._latest: IdleLru[tuple[str, str, str], str] = IdleLru(max_keys, idle_s, clock)
 
     def __len__(self) -> int:
         return len(self._last)
@@ -196,7 +204,7 @@ class ContinuityTable:
         answer before the restart is named ``server``.
         """
         table = cls(max_keys, idle_s, clock)
-        last_of: dict[tuple[str, str], tuple[str, str, str]] = {}
+        last_of: dict[tuple[str, str], ConversationId] = {}
         for r in records:
             task, purpose, profile = r.get("task"), r.get("purpose"), r.get("model_profile")
             if not all(isinstance(v, str) for v in (task, purpose, profile)):
@@ -213,13 +221,30 @@ class ContinuityTable:
                 continue
             if r.get("miss_cause") is None or not is_int(completion):
                 continue
-            key = (task, purpose, profile)
+            head = r.get("conversation")
+            key = (task, purpose, profile, head if isinstance(head, str) else "")
             table.remember(key, PreviousCall(prompt, completion, int(r.get("messages") or 0)))
             last_of[(task, profile)] = key
         return table
 
-    def previous(self, key: tuple[str, str, str]) -> PreviousCall | None:
+    def previous(self, key: ConversationId) -> PreviousCall | None:
         return self._last.get(key)
 
-    def remember(self, key: tuple[str, str, str], call: PreviousCall) -> None:
+    def compared(self, key: ConversationId) -> tuple[PreviousCall | None, bool]:
+        """What the next call of conversation ``key`` is compared with: its own previous
+        call; for its first, the last call of its task, purpose and profile (a history
+        rewritten from its first message is a conversation of its own, and the rewrite is
+        named). And whether the request history ``changed`` compares with, kept per task
+        and purpose, was that call's: not after another conversation's call (a side
+        request between two turns)."""
+        own = self._last.get(key)
+        latest = self._latest.peek(key[:3])
+        if own is not None:
+            return own, latest == key[3]
+        if latest is None:
+            return None, True
+        return self._last.get((*key[:3], latest)), True
+
+    def remember(self, key: ConversationId, call: PreviousCall) -> None:
         self._last.put(key, call)
+        self._latest.put(key[:3], key[3])

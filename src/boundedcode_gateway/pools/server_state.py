@@ -7,6 +7,9 @@ change is a method call with what was observed.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from boundedcode_gateway.pools.holdings import (
     DEFAULT_MAX_CONVERSATIONS,
     CacheHoldings,
@@ -47,11 +50,13 @@ class ServerState:
     __slots__ = (
         "_prefill_tps",
         "_slot_s",
+        "background",
         "busy_slots",
         "healthy",
         "holdings",
         "in_flight",
         "name",
+        "others_busy",
         "parallel",
     )
 
@@ -70,8 +75,12 @@ class ServerState:
         self.parallel = parallel
         self.healthy = healthy
         self.in_flight = 0  # the gateway's calls sent to it and not ended
-        # slots processing at its last ``GET /slots`` (others' calls and cache repairs too)
+        # the gateway's own work there that gives way to any call (cache repairs)
+        self.background = 0
+        # slots processing at its last ``GET /slots``, everyone's
         self.busy_slots: int | None = None
+        # of those, the ones not the gateway's calls or background work when read
+        self.others_busy = 0
         self.holdings = CacheHoldings(max_conversations, max_tokens)
         self._prefill_tps = MovingAverage()
         self._slot_s = MovingAverage()
@@ -84,9 +93,12 @@ class ServerState:
 
     @property
     def load(self) -> int:
-        """Slots taken, as far as the gateway knows: its own calls, or more if ``/slots``
-        said so."""
-        return max(self.in_flight, self.busy_slots or 0)
+        """Slots taken, as far as the gateway knows: its own calls now, and those of
+        other clients at the last ``/slots`` reading. The gateway's background work is
+        left out (it gives way to the next call), and so is a reading's count of the
+        gateway's calls that have ended since: a reading up to a second old would
+        otherwise keep a lone conversation's idle server busy and move it away."""
+        return self.in_flight + self.others_busy
 
     @property
     def busy(self) -> bool:
@@ -109,10 +121,20 @@ class ServerState:
     def call_ended(self) -> None:
         self.in_flight = max(self.in_flight - 1, 0)
 
+    @contextmanager
+    def working(self) -> Iterator[None]:
+        """The gateway's own background work on the server, while it runs."""
+        self.background += 1
+        try:
+            yield
+        finally:
+            self.background -= 1
+
     def slots_read(self, busy: int | None, total: int | None = None) -> None:
         """``GET /slots`` showed ``busy`` slots processing (None: it could not be read) of
         ``total`` (a server the gateway does not run tells its ``parallel`` so)."""
         self.busy_slots = None if busy is None else max(busy, 0)
+        self.others_busy = max((self.busy_slots or 0) - self.in_flight - self.background, 0)
         if total is not None and total >= 1:
             self.parallel = total
 
@@ -152,3 +174,4 @@ class ServerState:
         (the same model on the same hardware)."""
         self.holdings.forget()
         self.busy_slots = None
+        self.others_busy = 0
