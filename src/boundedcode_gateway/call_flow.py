@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,7 @@ from boundedcode_gateway.policy.cache_misses import (
     classify,
 )
 from boundedcode_gateway.policy.capabilities import check_request
-from boundedcode_gateway.policy.history_diff import History, stable_digest
+from boundedcode_gateway.policy.history_diff import History, first_changed, stable_digest
 from boundedcode_gateway.policy.reasoning import REASONING_FIELD
 from boundedcode_gateway.policy.structured import requested_schema
 from boundedcode_gateway.policy.volatile_lines import strip_system_messages
@@ -179,8 +180,9 @@ class CallFlow:
         # what the steps found, for the record
         self._log = AttemptLog()
         self._changed: int | None = None
-        # the same, where the request before was of this call's own conversation
+        # the same, against the previous request of this call's own conversation
         self._own_changed: int | None = None
+        self._digests: Sequence[int] = ()  # the request's, one a message
         self._conversation: ConversationId = ("", "", "", "")
         self._stream = False
         # the front's first, then what the upstream's adapter and the relay changed
@@ -206,8 +208,9 @@ class CallFlow:
         ctx, upstream, body = self._meter.ctx, self._upstream, self._caller_body
         try:
             history = self._shared.history
-            self._changed = await history.changed(ctx.task, ctx.purpose, body["messages"])
-            self._own_changed = self._changed
+            compared = await history.compare(ctx.task, ctx.purpose, body["messages"])
+            self._changed = self._own_changed = compared.changed
+            self._digests = compared.digests
         except TypeError:
             raise_if_too_deep(body)
             raise
@@ -226,10 +229,12 @@ class CallFlow:
         head = conversation_head(body) if fleet is not None or self._keeper is not None else ""
         self._conversation = (ctx.task, ctx.purpose, upstream.name, head)
         if self._keeper is not None:
-            self._previous, followed = self._shared.continuity.compared(self._conversation)
+            previous, followed = self._shared.continuity.compared(self._conversation)
+            self._previous = previous
             if not followed:
                 # the history compared was another conversation's (a side request's)
-                self._own_changed = None
+                own = previous.digests if previous is not None else None
+                self._own_changed = None if own is None else first_changed(own, self._digests)
         caller = ctx.caller.name if ctx.caller is not None else None
         # the call's server is leased before any request is made of it; its server is
         # chosen when the first request is sent (from its size)
@@ -392,7 +397,10 @@ class CallFlow:
         ):
             return
         now = PreviousCall(
-            metrics.prompt_tokens, metrics.completion_tokens, len(call.body["messages"])
+            metrics.prompt_tokens,
+            metrics.completion_tokens,
+            len(call.body["messages"]),
+            digests=self._digests,
         )
         self._shared.continuity.remember(self._conversation, now)
         had_reasoning = bool(answer.get(REASONING_FIELD))

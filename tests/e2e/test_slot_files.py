@@ -133,6 +133,26 @@ def test_a_side_request_between_two_turns_leaves_the_agents_slot_to_come_back(
     assert gw.calls()[-1]["restored_tokens"]
 
 
+def test_a_side_requests_new_question_is_a_diverged_prefix_and_restores_go_on(
+    start_gateway: GatewayFactory, server: Server
+) -> None:
+    gw = start_gateway({"m": server.profile()})
+    agent = chat()
+    turn(gw, "t", agent)
+    turn(gw, "t", chat("Write a 5-word title for the conversation.", "t"))
+    turn(gw, "t", agent)
+    # the next title request asks about something else: its file's prefix, no more
+    turn(gw, "t", chat("Write a 5-word title for the conversation.", "t2"))
+    title = gw.calls()[-1]
+    # judged against its own first request's messages, not the agent's turn before it:
+    # the server reused the restored prefix, so restores go on
+    assert title["restored_tokens"] and title["restore_failure"] == "prefix_diverged", title
+    turn(gw, "t", agent)
+    last = gw.calls()[-1]
+    assert last["restored_tokens"] and last["restore_failure"] is None, last
+    assert gw.app.fleets["m"].pool.slot_files.counts.ineffective == 1
+
+
 def test_without_slot_files_the_agents_turn_after_a_side_request_is_not_a_rewrite(
     start_gateway: GatewayFactory, server: Server
 ) -> None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from boundedcode_gateway.json_values import is_int
 from boundedcode_gateway.lru import Clock, IdleLru
+from boundedcode_gateway.policy.history_diff import MAX_DIGESTS
 
 # Tokens a prompt may miss and still count as served from cache: llama.cpp always
 # evaluates the last prompt token again, and the end of the previous answer (its
@@ -80,6 +81,9 @@ class PreviousCall:
     evidence: AnswerEvidence | None = None
     # the tokens of the rendering a repair left in the cache after this answer
     repaired_tokens: int | None = None
+    # its request's message digests (``History.compare``): what the conversation's next
+    # request changed, where another conversation's request came between the two
+    digests: Sequence[int] | None = None
 
     @property
     def reusable_tokens(self) -> int:
@@ -180,7 +184,10 @@ class ContinuityTable:
     def __init__(
         self, max_keys: int = 4096, idle_s: float | None = None, clock: Clock = time.monotonic
     ) -> None:
-        self._last: IdleLru[ConversationId, PreviousCall] = IdleLru(max_keys, idle_s, clock)
+        # weighed by the digests each call holds, within what the request history holds
+        self._last: IdleLru[ConversationId, PreviousCall] = IdleLru(
+            max_keys, idle_s, clock, max_weight=MAX_DIGESTS
+        )
         # per task, purpose and profile: the conversation of its last call
         self._latest: IdleLru[tuple[str, str, str], str] = IdleLru(max_keys, idle_s, clock)
 
@@ -236,7 +243,7 @@ class ContinuityTable:
         rewritten from its first message is a conversation of its own, and the rewrite is
         named). And whether the request history ``changed`` compares with, kept per task
         and purpose, was that call's: not after another conversation's call (a side
-        request between two turns)."""
+        request between two turns; compare with the call's own ``digests`` then)."""
         own = self._last.get(key)
         latest = self._latest.peek(key[:3])
         if own is not None:
@@ -246,5 +253,5 @@ class ContinuityTable:
         return self._last.get((*key[:3], latest)), True
 
     def remember(self, key: ConversationId, call: PreviousCall) -> None:
-        self._last.put(key, call)
+        self._last.put(key, call, len(call.digests or ()))
         self._latest.put(key[:3], key[3])

@@ -14,6 +14,7 @@ import sys
 import time
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
@@ -69,6 +70,17 @@ def unpack_digests(packed: bytes) -> array[int]:
     return digests
 
 
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """A request compared with the previous one of its task and purpose: ``changed`` (None
+    when it cannot be known), and the request's own digests, one a message, for a
+    comparison with an earlier request of its conversation (a side request may have come
+    in between)."""
+
+    changed: int | None
+    digests: array[int]
+
+
 class History(Protocol):
     """The table behind ``changed``, whichever backend keeps it."""
 
@@ -76,10 +88,14 @@ class History(Protocol):
         """The (task, purpose) pairs held in this process's memory."""
         ...
 
+    async def compare(self, task: str, purpose: str, messages: Sequence[Any]) -> Comparison:
+        """Record this request's messages and compare them with the previous request's
+        (``changed`` None when the table could not be read). A message that cannot be
+        encoded raises ``TypeError`` (a body nested too deep)."""
+        ...
+
     async def changed(self, task: str, purpose: str, messages: Sequence[Any]) -> int | None:
-        """Record this request's messages and return ``changed`` for it; None when it
-        cannot be known (the table could not be read). A message that cannot be encoded
-        raises ``TypeError`` (a body nested too deep)."""
+        """``compare``'s ``changed``."""
         ...
 
 
@@ -108,14 +124,21 @@ class HistoryTracker:
 
     def observe(self, task: str, purpose: str, messages: Sequence[Any]) -> int:
         """Record this request's messages and return ``changed`` for it."""
+        return self._observed(task, purpose, messages)[0]
+
+    def _observed(self, task: str, purpose: str, messages: Sequence[Any]) -> tuple[int, array[int]]:
         # signed 64-bit, as hash() gives them: a third of the memory of a list of ints
         digests = array("q", [message_digest(m) for m in messages])
         key = (task, purpose)
         previous = self._last.pop(key)
         self._last.put(key, digests, len(digests))
         if previous is None:
-            return GREW_ONLY
-        return first_changed(previous, digests)
+            return GREW_ONLY, digests
+        return first_changed(previous, digests), digests
+
+    async def compare(self, task: str, purpose: str, messages: Sequence[Any]) -> Comparison:
+        """``observe``, with the digests, as ``History`` has it."""
+        return Comparison(*self._observed(task, purpose, messages))
 
     async def changed(self, task: str, purpose: str, messages: Sequence[Any]) -> int:
         """``observe``, as ``History`` has it."""

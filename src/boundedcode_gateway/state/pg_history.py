@@ -26,6 +26,7 @@ from boundedcode_gateway.lru import Clock, IdleLru
 from boundedcode_gateway.policy.history_diff import (
     GREW_ONLY,
     MAX_DIGESTS,
+    Comparison,
     first_changed,
     pack_digests,
     stable_digest,
@@ -112,7 +113,14 @@ class PostgresHistory:
     async def changed(self, task: str, purpose: str, messages: Sequence[Any]) -> int | None:
         """Record this request's messages and return ``changed`` for it; None when the
         database could not be asked."""
+        return (await self.compare(task, purpose, messages)).changed
+
+    async def compare(self, task: str, purpose: str, messages: Sequence[Any]) -> Comparison:
+        """``changed``, with the request's digests."""
         digests = array("q", [stable_digest(m) for m in messages])
+        return Comparison(await self._changed(task, purpose, digests), digests)
+
+    async def _changed(self, task: str, purpose: str, digests: array[int]) -> int | None:
         key = (task, purpose)
         held = self._held.get(key)
         held_version = 0 if held is None else held.version  # versions are positive
