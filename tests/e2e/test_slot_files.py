@@ -150,7 +150,8 @@ def test_a_side_requests_new_question_is_a_diverged_prefix_and_restores_go_on(
     turn(gw, "t", agent)
     last = gw.calls()[-1]
     assert last["restored_tokens"] and last["restore_failure"] is None, last
-    assert gw.app.fleets["m"].pool.slot_files.counts.ineffective == 1
+    files = gw.app.fleets["m"].pool.slot_files
+    assert files is not None and files.counts.ineffective == 1
 
 
 def test_without_slot_files_the_agents_turn_after_a_side_request_is_not_a_rewrite(
