@@ -819,9 +819,12 @@ class GatewayConfig(_Strict):
     """The whole configuration file."""
 
     data_dir: str = ".gateway"
+    # one PostgreSQL database for all that several gateways share: the ledger, the task
+    # state and the budgets' reservations, unless `ledger:` or `state:` name another
+    database: str | None = None
     ledger: str | None = None
     # the task state (reasoning store, history behind `changed`) in a PostgreSQL database
-    # several gateways share; unset: files under data_dir and this process's memory
+    # several gateways share; unset: `database:`, else files under data_dir and memory
     state: str | None = None
     llama_server_bin: str | None = None
     max_body_mib: float = Field(default=32.0, gt=0)
@@ -874,17 +877,24 @@ class GatewayConfig(_Strict):
             parse_ledger_url(value)
         return value
 
-    @field_validator("state")
+    @field_validator("state", "database")
     @classmethod
-    def _check_state(cls, value: str | None) -> str | None:
+    def _check_postgres(cls, value: str | None) -> str | None:
         if value is not None:
             parse_postgres_url(value)
         return value
 
     @property
+    def database_location(self) -> PostgresLocation | None:
+        """The PostgreSQL database ``database:`` names; None: none."""
+        return None if self.database is None else parse_postgres_url(self.database)
+
+    @property
     def state_location(self) -> PostgresLocation | None:
         """The PostgreSQL database of the task state; None: files and memory."""
-        return None if self.state is None else parse_postgres_url(self.state)
+        if self.state is not None:
+            return parse_postgres_url(self.state)
+        return self.database_location
 
     @property
     def data_path(self) -> Path:
@@ -894,9 +904,9 @@ class GatewayConfig(_Strict):
     def ledger_location(self) -> LedgerLocation:
         """Where the ledger lives: an SQLite file (default ``<data_dir>/ledger.db``) or a
         PostgreSQL database."""
-        if self.ledger is None:
-            return self.data_path / "ledger.db"
-        return parse_ledger_url(self.ledger)
+        if self.ledger is not None:
+            return parse_ledger_url(self.ledger)
+        return self.database_location or self.data_path / "ledger.db"
 
     @property
     def ledger_path(self) -> Path:

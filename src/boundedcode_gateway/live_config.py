@@ -29,6 +29,7 @@ from boundedcode_gateway.upstream.http import HttpClient
 # settings read once at start: a reload that changes them names them in a warning
 RESTART_ONLY: tuple[tuple[str, ...], ...] = (
     ("data_dir",),
+    ("database",),
     ("ledger",),
     ("state",),
     ("metering",),

@@ -27,9 +27,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from boundedcode_gateway.database.pool import RETRY_AFTER_S
 from boundedcode_gateway.operations.metrics import PREFIX
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
-from boundedcode_gateway.state.database import RETRY_AFTER_S
 from tests.e2e.conftest import Gateway, GatewayFactory
 from tests.e2e.every_kind import Fakes, fakes
 from tests.e2e.test_pg_state import TURNS, Conversation, changed_of, reasoning_sent

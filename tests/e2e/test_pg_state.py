@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from boundedcode_gateway.database.pool import RETRY_AFTER_S
 from boundedcode_gateway.operations.metrics import PREFIX
-from boundedcode_gateway.state.database import RETRY_AFTER_S
 from tests.e2e.conftest import Gateway, GatewayFactory, Upstreams
 from tests.fakes.common import Reply
 from tests.fakes.tcp_proxy import TcpProxy
@@ -109,10 +110,14 @@ def changed_of(calls: list[dict[str, Any]], task: str) -> list[int | None]:
     return [c["changed"] for c in ours]
 
 
+@pytest.mark.parametrize("settings", ["one-database", "state-and-ledger"])
 def test_two_gateways_serving_one_task_in_turn_keep_its_reasoning_and_changed(
-    pg: PgDatabase, upstreams: Upstreams, start_gateway: GatewayFactory
+    pg: PgDatabase, upstreams: Upstreams, start_gateway: GatewayFactory, settings: str
 ) -> None:
-    shared = {"state": pg.url, "ledger": pg.url}
+    # `database:` alone, or the older separate settings
+    shared = {"database": pg.url}
+    if settings == "state-and-ledger":
+        shared = {"state": pg.url, "ledger": pg.url}
     gateways = [start_gateway(upstreams.profiles, **shared) for _ in range(2)]
     upstreams.llama.queue(*TURNS)
     conversation = Conversation("shared")

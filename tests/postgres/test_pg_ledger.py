@@ -27,7 +27,7 @@ from boundedcode_gateway.config import parse_config
 from boundedcode_gateway.json_values import MAX_COUNT
 from boundedcode_gateway.locations import PostgresLocation
 from boundedcode_gateway.metering.calllog import append_lines
-from boundedcode_gateway.metering.ledger import Ledger, load_migrations
+from boundedcode_gateway.metering.ledger import Ledger, load_ledger_migrations
 from boundedcode_gateway.metering.pg_ledger import (
     MIGRATION_LOCK_KEY,
     PostgresLedger,
@@ -192,7 +192,7 @@ def test_migrations_from_an_empty_database(pg: PgDatabase, tmp_path: Path) -> No
         ledger.close()
     versions = pg.fetch("SELECT version, name FROM schema_migrations ORDER BY version")
     assert [(v["version"], v["name"]) for v in versions] == [
-        (m.version, m.name) for m in load_migrations()
+        (m.version, m.name) for m in load_ledger_migrations()
     ]
     # the columns are the record's ledger fields, each of the type its Python type says
     kinds = {f.name: str(f.type).removesuffix(" | None") for f in fields(CallRecord)}
@@ -312,7 +312,7 @@ def test_gateways_starting_at_once_apply_each_migration_once(pg: PgDatabase) -> 
         t.join(30)
     assert failures == []
     versions = pg.fetch("SELECT version FROM schema_migrations ORDER BY version")
-    assert [v["version"] for v in versions] == [m.version for m in load_migrations()]
+    assert [v["version"] for v in versions] == [m.version for m in load_ledger_migrations()]
 
 
 def parity_records() -> list[CallRecord]:

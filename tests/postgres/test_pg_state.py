@@ -2,7 +2,7 @@
 reasoning read back byte for byte by the other gateway, a task's items never skipped by a
 reader however its writers interleave, the history's ``changed`` the same as one
 gateway's, retention's removals seen by the other gateway, the migrations apart from the
-ledger's. Each "gateway" here is a ``StateDatabase`` of its own, with a pool of its own."""
+ledger's. Each "gateway" here is a ``PostgresPool`` of its own, with a pool of its own."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from boundedcode_gateway.call_context import TASK_SCOPE
+from boundedcode_gateway.database.postgres import apply_migrations
 from boundedcode_gateway.locations import PostgresLocation
-from boundedcode_gateway.metering.pg_ledger import apply_migrations, load_pg_migrations, migrate
+from boundedcode_gateway.metering.pg_ledger import load_pg_migrations, migrate
 from boundedcode_gateway.policy.history_diff import GREW_ONLY, HistoryTracker, unpack_digests
 from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.state import pg_retention
@@ -29,8 +30,8 @@ from boundedcode_gateway.state.backends import PostgresTaskState
 from boundedcode_gateway.state.database import (
     MIGRATION_LOCK_KEY,
     MIGRATIONS_TABLE,
-    StateDatabase,
     load_state_migrations,
+    state_database,
 )
 from boundedcode_gateway.state.pg_history import PostgresHistory
 from boundedcode_gateway.state.pg_reasoning import PostgresReasoningStore
@@ -54,7 +55,7 @@ class Gateway:
     """What one gateway holds of the task state: its pool, its store, its history."""
 
     def __init__(self, url: str) -> None:
-        self.db = StateDatabase(PostgresLocation(url))
+        self.db = state_database(PostgresLocation(url))
         self.reasoning = PostgresReasoningStore(self.db)
         self.history = PostgresHistory(self.db)
         self.state = PostgresTaskState(self.db, self.reasoning, self.history)

@@ -20,14 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from boundedcode_gateway.app import GatewayApp
 from boundedcode_gateway.config import parse_config
+from boundedcode_gateway.database.pool import RETRY_AFTER_S, STATEMENT_TIMEOUT_S
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.operations.metrics import PREFIX, GatewayMetrics
 from boundedcode_gateway.policy.history_diff import GREW_ONLY
-from boundedcode_gateway.state.database import (
-    RETRY_AFTER_S,
-    STATEMENT_TIMEOUT_S,
-    load_state_migrations,
-)
+from boundedcode_gateway.state.database import load_state_migrations
 from tests.fakes.tcp_proxy import TcpProxy
 from tests.lifespan import startup_report
 from tests.postgres.test_pg_ledger import closed_port
@@ -39,7 +36,7 @@ T = TypeVar("T")
 KIND = "reasoning_content"
 # an operation's timeout, and the time a loaded machine may add to it
 BOUND_S = STATEMENT_TIMEOUT_S + 1.5
-STATE_LOGGER = "boundedcode_gateway.state.database"
+STATE_LOGGER = "boundedcode_gateway.database.pool"
 
 
 @pytest.fixture

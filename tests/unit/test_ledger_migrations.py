@@ -8,7 +8,8 @@ from dataclasses import fields
 
 import pytest
 
-from boundedcode_gateway.metering.ledger import Migration, load_migrations
+from boundedcode_gateway.database.migrations import Migration
+from boundedcode_gateway.metering.ledger import load_ledger_migrations
 from boundedcode_gateway.metering.pg_ledger import load_pg_migrations
 from boundedcode_gateway.metering.records import LEDGER_FIELDS, CallRecord
 
@@ -47,7 +48,7 @@ def indexes(migrations: list[Migration]) -> dict[str, str]:
 
 
 def test_both_ledgers_have_the_same_migrations() -> None:
-    sqlite, pg = load_migrations(), load_pg_migrations()
+    sqlite, pg = load_ledger_migrations(), load_pg_migrations()
     assert [(m.version, m.name) for m in pg] == [(m.version, m.name) for m in sqlite]
     assert [m.version for m in sqlite] == list(range(1, len(sqlite) + 1))
     assert indexes(pg) == indexes(sqlite) != {}
@@ -55,7 +56,7 @@ def test_both_ledgers_have_the_same_migrations() -> None:
 
 @pytest.mark.parametrize(
     ("migrations", "types", "extra"),
-    [(load_migrations(), SQLITE_TYPES, set()), (load_pg_migrations(), PG_TYPES, PG_ONLY)],
+    [(load_ledger_migrations(), SQLITE_TYPES, set()), (load_pg_migrations(), PG_TYPES, PG_ONLY)],
     ids=["sqlite", "postgresql"],
 )
 def test_the_columns_are_the_ledger_fields(

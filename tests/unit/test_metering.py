@@ -16,7 +16,7 @@ import pytest
 
 from boundedcode_gateway.cli.calls import format_calls_table, run_calls
 from boundedcode_gateway.metering.calllog import append_lines, read_calls
-from boundedcode_gateway.metering.ledger import Ledger, load_migrations
+from boundedcode_gateway.metering.ledger import Ledger, load_ledger_migrations
 from boundedcode_gateway.metering.records import LEDGER_FIELDS, RECORD_FIELDS, CallRecord
 from boundedcode_gateway.metering.writer import MeterWriter
 
@@ -144,7 +144,7 @@ def test_migrations_applied_twice_are_recorded_once(tmp_path: Path) -> None:
         if entry.name.endswith(".sql")
     )
     assert sql_files
-    assert [m.version for m in load_migrations()] == [int(n[:4]) for n in sql_files]
+    assert [m.version for m in load_ledger_migrations()] == [int(n[:4]) for n in sql_files]
     with closing(sqlite3.connect(path)) as conn:
         versions = conn.execute(
             "SELECT version, name FROM schema_migrations ORDER BY version"

@@ -86,6 +86,24 @@ def test_with_state_the_state_is_the_databases() -> None:
     assert state.reasoning._held._max_keys == state.history._held._max_keys == 7
 
 
+def test_one_database_setting_holds_the_ledger_and_the_state_unless_they_name_another(
+    tmp_path: Path,
+) -> None:
+    one = parse_config(f"data_dir: {tmp_path}\ndatabase: postgresql://gw@db/g\n{MODELS}")
+    assert one.state_location == one.ledger_location == PostgresLocation("postgresql://gw@db/g")
+    apart = parse_config(
+        f"database: postgresql://gw@db/g\nstate: postgresql://gw@other/s\n"
+        f"ledger: sqlite:///{tmp_path}/l.db\n{MODELS}"
+    )
+    assert apart.state_location == PostgresLocation("postgresql://gw@other/s")
+    assert apart.ledger_location == tmp_path / "l.db"
+    none = parse_config(f"data_dir: {tmp_path}\n{MODELS}")
+    assert (none.state_location, none.ledger_location) == (None, tmp_path / "ledger.db")
+    with pytest.raises(ConfigError, match=r"database: .*must be a postgresql://"):
+        parse_config(f"database: sqlite:///x.db\n{MODELS}")
+    assert restart_only_changes(none, one) == ["database"]
+
+
 def test_state_takes_effect_at_the_next_start() -> None:
     old = parse_config(MODELS)
     new = parse_config(f"state: postgresql://gw@db/g\n{MODELS}")

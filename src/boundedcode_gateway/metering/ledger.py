@@ -8,18 +8,17 @@ The file is the gateway user's alone (``private_files.py``).
 
 from __future__ import annotations
 
-import re
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, fields
-from importlib.resources import files
+from dataclasses import fields
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
 from boundedcode_gateway import private_files
 from boundedcode_gateway.clock import utc_now_iso
+from boundedcode_gateway.database.migrations import Migration, load_migrations
 from boundedcode_gateway.metering.ledger_queries import (
     CALL_SQL,
     CallFilter,
@@ -31,7 +30,6 @@ from boundedcode_gateway.metering.records import LEDGER_FIELDS, CallRecord, Reje
 
 MIGRATIONS_PACKAGE = "boundedcode_gateway.metering"
 MIGRATIONS_DIR = "migrations"
-_MIGRATION_NAME = re.compile(r"^(\d{4})_(\w+)\.sql$")
 
 _COLUMNS = ", ".join(LEDGER_FIELDS)
 _ROW = attrgetter(*LEDGER_FIELDS)  # a record's ledger values, in column order
@@ -122,36 +120,9 @@ def holder_totals(rows: Iterable[Sequence[Any]]) -> list[HolderTotals]:
     ]
 
 
-@dataclass(frozen=True, slots=True)
-class Migration:
-    """One numbered SQL file from the ``migrations/`` folder."""
-
-    version: int
-    name: str
-    sql: str
-
-    def statements(self) -> list[str]:
-        """The file's statements, split on ``;`` (migrations keep ``;`` out of literals)."""
-        lines = [ln for ln in self.sql.splitlines() if not ln.strip().startswith("--")]
-        return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
-
-
-def load_migrations(
-    directory: str = MIGRATIONS_DIR, package: str = MIGRATIONS_PACKAGE
-) -> list[Migration]:
-    """All packaged migrations of one folder of ``package`` (the ledger's SQLite ones by
-    default) in numeric order; two files with one number is an error."""
-    folder = files(package).joinpath(directory)
-    found: dict[int, Migration] = {}
-    for entry in folder.iterdir():
-        match = _MIGRATION_NAME.match(entry.name)
-        if match is None:
-            continue
-        version = int(match.group(1))
-        if version in found:
-            raise RuntimeError(f"two migrations numbered {version:04d}: {entry.name}")
-        found[version] = Migration(version, match.group(2), entry.read_text(encoding="utf-8"))
-    return [found[v] for v in sorted(found)]
+def load_ledger_migrations(directory: str = MIGRATIONS_DIR) -> list[Migration]:
+    """The ledger's packaged migrations of ``directory`` (SQLite's by default)."""
+    return load_migrations(directory, MIGRATIONS_PACKAGE)
 
 
 class Ledger:
@@ -288,7 +259,7 @@ def _transaction(conn: sqlite3.Connection, begin: str = BEGIN_SQL) -> Iterator[N
 
 def _migrate(conn: sqlite3.Connection) -> None:
     conn.execute(CREATE_SCHEMA_MIGRATIONS_SQL)
-    for migration in load_migrations():
+    for migration in load_ledger_migrations():
         # The write lock is taken before the check so that two processes opening
         # the same new ledger cannot both apply one migration.
         with _transaction(conn, BEGIN_IMMEDIATE_SQL):

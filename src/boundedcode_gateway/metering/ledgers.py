@@ -11,6 +11,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
+from boundedcode_gateway.database.postgres import DATABASE_ERRORS
 from boundedcode_gateway.locations import LedgerLocation, PostgresLocation
 from boundedcode_gateway.metering import pg_ledger
 from boundedcode_gateway.metering.ledger import HolderTotals, Ledger
@@ -19,7 +20,7 @@ from boundedcode_gateway.metering.pg_ledger import PostgresLedger
 from boundedcode_gateway.metering.records import CallRecord, Rejected
 
 # what reading a ledger that is missing, unreadable or unreachable raises
-LEDGER_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, *pg_ledger.DATABASE_ERRORS)
+LEDGER_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, *DATABASE_ERRORS)
 
 
 class LedgerStore(Protocol):

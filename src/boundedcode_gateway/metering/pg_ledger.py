@@ -1,8 +1,8 @@
 """The SQL ledger in PostgreSQL: the ``model_calls`` table through asyncpg, and its migrations.
 
-Owns the connection, the PostgreSQL migrations (``migrations/postgresql/``, applied under
-an advisory lock, as ``apply_migrations`` also applies the task state's) and this dialect's
-SQL text (the ``$n`` parameters stay in this file).
+Owns the connection, the PostgreSQL migrations (``migrations/postgresql/``, applied as
+every store's are: ``database/postgres.py``) and this dialect's SQL text (the ``$n``
+parameters stay in this file).
 ``PostgresLedger`` has the SQLite ``Ledger``'s blocking methods: each drives asyncpg on an
 event loop of the ledger's own, in the one thread that uses it (the meter writer's, or a
 command's); it must not be called from a thread whose event loop is running. ``prepare``
@@ -12,22 +12,28 @@ is its connect-and-migrate as a coroutine, for the gateway's start-up.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Coroutine, Sequence
 from operator import attrgetter
 from typing import Any, ClassVar, TypeVar
 
 import asyncpg
 
-from boundedcode_gateway.clock import utc_now_iso
+from boundedcode_gateway.database.migrations import Migration
+from boundedcode_gateway.database.postgres import (
+    COMMAND_TIMEOUT_S,
+    ROW_ERRORS,
+    MigrationSet,
+    apply_migrations,
+    close_connection,
+    connect,
+)
 from boundedcode_gateway.locations import PostgresLocation
 from boundedcode_gateway.metering.ledger import (
     MIGRATIONS_DIR,
     SPENDING_DAY_PARAMS,
     HolderTotals,
-    Migration,
     holder_totals,
-    load_migrations,
+    load_ledger_migrations,
 )
 from boundedcode_gateway.metering.ledger import (
     SELECT_SPENDING_SQL as SQLITE_SPENDING_SQL,
@@ -44,37 +50,20 @@ from boundedcode_gateway.metering.records import LEDGER_FIELDS, CallRecord, Reje
 T = TypeVar("T")
 
 PG_MIGRATIONS_DIR = f"{MIGRATIONS_DIR}/postgresql"
-APPLICATION_NAME = "boundedcode-gateway"
-# A database that does not answer holds the writer thread (and a `metering.sync` answer
-# waiting on it) at most this long per connection attempt and per statement.
-CONNECT_TIMEOUT_S = 5.0
-COMMAND_TIMEOUT_S = 10.0
-# how long closing a connection may take before it is dropped without a goodbye
-CLOSE_TIMEOUT_S = 2.0
-
-
-def advisory_lock_key(name: str) -> int:
-    """The advisory lock key of ``name``: the same in every gateway."""
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-
-
-# The advisory lock the ledger's migrations are applied under, and where they are recorded.
-MIGRATION_LOCK_KEY = advisory_lock_key("boundedcode_gateway.model_calls")
+# The ledger's migrations: recorded in schema_migrations, applied under a lock of their own.
 MIGRATIONS_TABLE = "schema_migrations"
+LEDGER_MIGRATIONS = MigrationSet(
+    lambda: load_ledger_migrations(PG_MIGRATIONS_DIR),
+    MIGRATIONS_TABLE,
+    "boundedcode_gateway.model_calls",
+)
+MIGRATION_LOCK_KEY = LEDGER_MIGRATIONS.lock_key
 
 TABLE = "model_calls"
 _COLUMNS = ", ".join(LEDGER_FIELDS)
 _ROW = attrgetter(*LEDGER_FIELDS)  # a record's ledger values, in column order
 _PLACEHOLDERS = ", ".join(f"${i}" for i in range(1, len(LEDGER_FIELDS) + 1))
 
-LOCK_MIGRATIONS_SQL = "SELECT pg_advisory_xact_lock($1)"
-# the table a set of migrations is recorded in: {table}, a name of the code's own
-CREATE_MIGRATIONS_SQL = (
-    "CREATE TABLE IF NOT EXISTS {table} ("
-    "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
-)
-SELECT_MIGRATIONS_SQL = "SELECT version FROM {table}"
-INSERT_MIGRATION_SQL = "INSERT INTO {table} (version, name, applied_at) VALUES ($1, $2, $3)"
 INSERT_CALL_SQL = f"INSERT INTO {TABLE} ({_COLUMNS}) VALUES ({_PLACEHOLDERS})"
 SELECT_CALL_SQL = f"SELECT {_COLUMNS} FROM {TABLE} WHERE call_id = $1"
 # seq breaks ties between calls started in the same millisecond: insertion order.
@@ -87,69 +76,16 @@ SELECT_RECENT_FOR_TASK_SQL = (
 # are given once for each of them
 SELECT_SPENDING_SQL = numbered(SQLITE_SPENDING_SQL)
 
-# What one row's values or constraints raise: a number out of BIGINT's range or a string
-# PostgreSQL cannot hold (a NUL, a lone surrogate), a call id already there, a value too
-# large for an index. asyncpg encodes a COPY's values itself (OverflowError,
-# UnicodeEncodeError, TypeError) and an INSERT's as query arguments (DataError). Any other
-# failure is the database's own (gone, full, shutting down): the batch is kept and tried
-# again, never set aside.
-ROW_ERRORS: tuple[type[Exception], ...] = (
-    OverflowError,
-    ValueError,
-    TypeError,
-    asyncpg.DataError,
-    asyncpg.IntegrityConstraintViolationError,
-    asyncpg.ProgramLimitExceededError,
-)
-# What a database that cannot be reached, or goes away, raises (for the readers' messages).
-DATABASE_ERRORS: tuple[type[Exception], ...] = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    OSError,
-    TimeoutError,
-)
-
 
 def load_pg_migrations() -> list[Migration]:
     """PostgreSQL's migrations, in numeric order: SQLite's numbers and names."""
-    return load_migrations(PG_MIGRATIONS_DIR)
-
-
-async def connect(location: PostgresLocation, read_only: bool = False) -> asyncpg.Connection:
-    """One connection; ``read_only`` makes every transaction of the session read-only."""
-    settings = {"application_name": APPLICATION_NAME}
-    if read_only:
-        settings["default_transaction_read_only"] = "on"
-    return await asyncpg.connect(
-        location.url,
-        timeout=CONNECT_TIMEOUT_S,
-        command_timeout=COMMAND_TIMEOUT_S,
-        server_settings=settings,
-    )
+    return LEDGER_MIGRATIONS.load()
 
 
 async def migrate(conn: asyncpg.Connection, migrations: Sequence[Migration] | None = None) -> None:
     """Apply the ledger's migrations not yet recorded in ``schema_migrations``."""
     pending = load_pg_migrations() if migrations is None else migrations
     await apply_migrations(conn, pending, MIGRATIONS_TABLE, MIGRATION_LOCK_KEY)
-
-
-async def apply_migrations(
-    conn: asyncpg.Connection, migrations: Sequence[Migration], table: str, lock_key: int
-) -> None:
-    """Apply the migrations not yet recorded in ``table``, in order, in one transaction,
-    under the advisory lock ``lock_key``: a second gateway starting at once waits for it,
-    then finds them applied."""
-    async with conn.transaction():
-        await conn.execute(LOCK_MIGRATIONS_SQL, lock_key)
-        await conn.execute(CREATE_MIGRATIONS_SQL.format(table=table))
-        applied = {row[0] for row in await conn.fetch(SELECT_MIGRATIONS_SQL.format(table=table))}
-        insert = INSERT_MIGRATION_SQL.format(table=table)
-        for migration in migrations:
-            if migration.version in applied:
-                continue
-            await conn.execute(migration.sql)
-            await conn.execute(insert, migration.version, migration.name, utc_now_iso())
 
 
 async def prepare(location: PostgresLocation) -> None:
@@ -160,14 +96,6 @@ async def prepare(location: PostgresLocation) -> None:
         await migrate(conn)
     finally:
         await close_connection(conn)
-
-
-async def close_connection(conn: asyncpg.Connection) -> None:
-    """Close politely; a connection that is gone or does not answer is dropped."""
-    try:
-        await conn.close(timeout=CLOSE_TIMEOUT_S)
-    except Exception:
-        conn.terminate()
 
 
 async def insert_records(conn: asyncpg.Connection, records: Sequence[CallRecord]) -> list[Rejected]:

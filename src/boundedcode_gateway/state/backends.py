@@ -12,12 +12,13 @@ from __future__ import annotations
 from typing import Protocol
 
 from boundedcode_gateway.config import GatewayConfig
+from boundedcode_gateway.database.pool import PostgresPool
 from boundedcode_gateway.policy.history_diff import History, HistoryTracker
 from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store.backend import ReasoningBackend
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.state import pg_retention
-from boundedcode_gateway.state.database import StateDatabase
+from boundedcode_gateway.state.database import state_database
 from boundedcode_gateway.state.pg_history import PostgresHistory
 from boundedcode_gateway.state.pg_reasoning import PostgresReasoningStore
 
@@ -33,7 +34,7 @@ class TaskState(Protocol):
     def history(self) -> History: ...
 
     @property
-    def database(self) -> StateDatabase | None:
+    def database(self) -> PostgresPool | None:
         """The PostgreSQL database (its health, for the metrics); None for files."""
         ...
 
@@ -59,7 +60,7 @@ class TaskState(Protocol):
 class FileTaskState:
     """Task folders under ``data_dir``, and this process's memory."""
 
-    database: StateDatabase | None = None
+    database: PostgresPool | None = None
 
     def __init__(self, reasoning: ReasoningStore, history: HistoryTracker) -> None:
         self.reasoning = reasoning
@@ -83,7 +84,7 @@ class PostgresTaskState:
     """Tables in a PostgreSQL database several gateways share."""
 
     def __init__(
-        self, database: StateDatabase, reasoning: PostgresReasoningStore, history: PostgresHistory
+        self, database: PostgresPool, reasoning: PostgresReasoningStore, history: PostgresHistory
     ) -> None:
         self.database = database
         self.reasoning = reasoning
@@ -116,7 +117,7 @@ def task_state_for(config: GatewayConfig) -> FileTaskState | PostgresTaskState:
         return FileTaskState(
             ReasoningStore(config.data_path, REASONING_FILES, *memory), HistoryTracker(*memory)
         )
-    database = StateDatabase(location)
+    database = state_database(location)
     return PostgresTaskState(
         database, PostgresReasoningStore(database, *memory), PostgresHistory(database, *memory)
     )

@@ -1,182 +1,43 @@
-"""The PostgreSQL database of the task state (``state:``): a small asyncpg pool on the
-gateway's event loop, its migrations, and every statement bounded in time.
-
-Owns the pool, the migrations (``migrations/postgresql/``, applied at start under an
-advisory lock of their own and recorded in ``state_migrations``, apart from the ledger's),
-and what a database that fails while serving means: the operation goes on without it
-(``StateUnavailable``), counted per operation and logged once per outage. For
-``RETRY_AFTER_S`` after a failure operations do not try it, so a database that stopped
-answering costs one call its timeout, not every call. It must not know the tables.
+"""The task state's tables in PostgreSQL (``state:``): their migrations, the operations
+the calls count, and what calls go without during an outage. The pool and its outage
+handling are ``database/pool.py``'s, shared with the other stores of the same database.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
-
-import asyncpg
-
-from boundedcode_gateway.locations import PostgresLocation, explain
+from boundedcode_gateway.database.migrations import Migration, load_migrations
+from boundedcode_gateway.database.pool import PostgresPool, Store
+from boundedcode_gateway.database.postgres import MigrationSet
+from boundedcode_gateway.locations import PostgresLocation
 from boundedcode_gateway.lru import Clock
-from boundedcode_gateway.metering.ledger import Migration, load_migrations
-from boundedcode_gateway.metering.pg_ledger import (
-    APPLICATION_NAME,
-    CLOSE_TIMEOUT_S,
-    CONNECT_TIMEOUT_S,
-    ROW_ERRORS,
-    advisory_lock_key,
-    apply_migrations,
-)
-
-T = TypeVar("T")
-
-log = logging.getLogger(__name__)
 
 MIGRATIONS_PACKAGE = "boundedcode_gateway.state"
 MIGRATIONS_DIR = "migrations/postgresql"
+# recorded apart from the ledger's, under a lock of their own
 MIGRATIONS_TABLE = "state_migrations"
-MIGRATION_LOCK_KEY = advisory_lock_key("boundedcode_gateway.task_state")
-# a call holds one connection for one statement at a time: a few serve many calls
-POOL_MIN_SIZE = 1
-POOL_MAX_SIZE = 4
-# the longest one operation of a call may take, waiting for a connection included
-STATEMENT_TIMEOUT_S = 2.0
-# applying the migrations, waiting for another gateway's to be applied included
-MIGRATION_TIMEOUT_S = 60.0
 # one batch of the retention sweep's deletes
 SWEEP_TIMEOUT_S = 120.0
-# how long a connection given back after a statement that timed out may take to be reset
-RELEASE_TIMEOUT_S = 1.0
-# after a failure, operations go without the database this long before it is tried again
-RETRY_AFTER_S = 1.0
 # what each operation is counted as (metric labels)
 OPERATIONS = ("read_reasoning", "write_reasoning", "history", "sweep")
-
-
-class StateUnavailable(Exception):
-    """The operation went without the database: it failed, or it was not tried this soon
-    after a failure."""
 
 
 def load_state_migrations() -> list[Migration]:
     return load_migrations(MIGRATIONS_DIR, MIGRATIONS_PACKAGE)
 
 
-class StateDatabase:
-    """The pool and the health of one state database; used on the gateway's event loop."""
+TASK_STATE = Store(
+    "task state",
+    MigrationSet(load_state_migrations, MIGRATIONS_TABLE, "boundedcode_gateway.task_state"),
+    OPERATIONS,
+    "calls go on without the reasoning and history it holds",
+)
 
-    def __init__(self, location: PostgresLocation, clock: Clock = time.monotonic) -> None:
-        self.location = location
-        self._clock = clock
-        self._pool: asyncpg.Pool | None = None
-        # operations that went without the database, by operation
-        self.unavailable: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
-        # the outage under way: when it began, when the database may be tried again, and
-        # how many operations went without it
-        self._down_since: float | None = None
-        self._retry_at = 0.0
-        self._missed = 0
 
-    @property
-    def up(self) -> bool:
-        """Open, and its last operation did not fail for the database's sake."""
-        return self._pool is not None and self._down_since is None
+MIGRATION_LOCK_KEY = TASK_STATE.migrations.lock_key
 
-    async def open(self) -> None:
-        """Connect and apply the pending migrations, or raise (the start-up's check)."""
-        pool = await asyncpg.create_pool(
-            self.location.url,
-            min_size=POOL_MIN_SIZE,
-            max_size=POOL_MAX_SIZE,
-            timeout=CONNECT_TIMEOUT_S,
-            server_settings={"application_name": APPLICATION_NAME},
-        )
-        try:
-            async with asyncio.timeout(MIGRATION_TIMEOUT_S):
-                async with pool.acquire() as conn:
-                    await apply_migrations(
-                        conn, load_state_migrations(), MIGRATIONS_TABLE, MIGRATION_LOCK_KEY
-                    )
-        except BaseException:
-            pool.terminate()
-            raise
-        self._pool = pool
 
-    async def run(
-        self,
-        operation: str,
-        work: Callable[[asyncpg.Connection], Awaitable[T]],
-        timeout_s: float = STATEMENT_TIMEOUT_S,
-    ) -> T:
-        """``work`` on a connection of the pool, within ``timeout_s`` all told; what went
-        wrong is ``StateUnavailable`` (counted, and logged once per outage)."""
-        pool = self._pool
-        if pool is None or (self._down_since is not None and self._clock() < self._retry_at):
-            self._missed_one(operation)
-            raise StateUnavailable(operation)
-        try:
-            async with asyncio.timeout(timeout_s):
-                conn = await pool.acquire()
-                try:
-                    result = await work(conn)
-                finally:
-                    # shielded by asyncpg: bounded here, else a reset may wait on a silent server
-                    await pool.release(conn, timeout=RELEASE_TIMEOUT_S)
-        except ROW_ERRORS as exc:
-            # the values' own fault (a NUL in a key): not an outage
-            self._missed_one(operation)
-            log.warning("state database: %s failed: %s", operation, self._explain(exc))
-            raise StateUnavailable(operation) from None
-        except Exception as exc:  # gone, silent, refusing (pg_ledger.DATABASE_ERRORS), or else
-            self._failed(operation, exc)
-            raise StateUnavailable(operation) from None
-        self._worked()
-        return result
-
-    def _missed_one(self, operation: str) -> None:
-        self.unavailable[operation] += 1
-        if self._down_since is not None:
-            self._missed += 1
-
-    def _failed(self, operation: str, exc: BaseException) -> None:
-        now = self._clock()
-        self._retry_at = now + RETRY_AFTER_S
-        if self._down_since is None:
-            self._down_since = now
-            self._missed = 0
-            log.error(
-                "state database %s unavailable (%s): calls go on without the reasoning and "
-                "history it holds until it is back",
-                self.location.display,
-                self._explain(exc),
-            )
-        self._missed_one(operation)
-
-    def _worked(self) -> None:
-        if self._down_since is None:
-            return
-        log.warning(
-            "state database %s is back after %.1f s; %d operations went without it",
-            self.location.display,
-            self._clock() - self._down_since,
-            self._missed,
-        )
-        self._down_since = None
-
-    def _explain(self, exc: BaseException) -> str:
-        if isinstance(exc, TimeoutError):
-            return "TimeoutError: no answer in time"
-        return explain(self.location, exc)
-
-    async def close(self) -> None:
-        """Close the pool; connections that do not say goodbye in time are dropped."""
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        try:
-            await asyncio.wait_for(pool.close(), CLOSE_TIMEOUT_S)
-        except Exception:
-            pool.terminate()
+def state_database(location: PostgresLocation, clock: Clock | None = None) -> PostgresPool:
+    """A pool of ``location`` that serves the task state."""
+    pool = PostgresPool(location) if clock is None else PostgresPool(location, clock)
+    pool.serve(TASK_STATE)
+    return pool

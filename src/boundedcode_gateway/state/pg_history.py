@@ -22,6 +22,7 @@ from typing import Any
 
 import asyncpg
 
+from boundedcode_gateway.database.pool import DatabaseUnavailable, PostgresPool
 from boundedcode_gateway.lru import Clock, IdleLru
 from boundedcode_gateway.policy.history_diff import (
     GREW_ONLY,
@@ -32,7 +33,6 @@ from boundedcode_gateway.policy.history_diff import (
     stable_digest,
     unpack_digests,
 )
-from boundedcode_gateway.state.database import StateDatabase, StateUnavailable
 
 # This request's digests ($3) in, the previous request's version and (unless it is $4,
 # the version this gateway holds) its digests out; a first request inserts the row. No
@@ -96,7 +96,7 @@ class PostgresHistory:
 
     def __init__(
         self,
-        db: StateDatabase,
+        db: PostgresPool,
         max_keys: int = 4096,
         idle_s: float | None = None,
         clock: Clock = time.monotonic,
@@ -127,7 +127,7 @@ class PostgresHistory:
         swap = partial(_swap, task, purpose, pack_digests(digests), held_version)
         try:
             swapped = await self._db.run("history", swap)
-        except StateUnavailable:
+        except DatabaseUnavailable:
             return None
         if swapped is None:
             return None

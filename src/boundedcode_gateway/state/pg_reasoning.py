@@ -35,9 +35,9 @@ import asyncpg
 import orjson
 
 from boundedcode_gateway.call_context import TASK_SCOPE
+from boundedcode_gateway.database.pool import DatabaseUnavailable, PostgresPool
 from boundedcode_gateway.lru import Clock, IdleLru
 from boundedcode_gateway.reasoning_store.store import MAX_BYTES_IN_MEMORY, ReasoningItem
-from boundedcode_gateway.state.database import StateDatabase, StateUnavailable
 
 # The items of task $1 numbered above $3, when the task's epoch is still $2; all of them
 # when it is not (this gateway holds none, or retention removed the task since); no row
@@ -110,7 +110,7 @@ class PostgresReasoningStore:
 
     def __init__(
         self,
-        db: StateDatabase,
+        db: PostgresPool,
         max_tasks: int = 4096,
         idle_s: float | None = None,
         clock: Clock = time.monotonic,
@@ -136,7 +136,7 @@ class PostgresReasoningStore:
             rows = await self._db.run(
                 "read_reasoning", partial(_read_since, task, held.epoch, held.seq)
             )
-        except StateUnavailable:
+        except DatabaseUnavailable:
             pass  # the call goes on with what this gateway holds
         else:
             self._apply(task, held, rows)
@@ -209,7 +209,7 @@ class PostgresReasoningStore:
 
     async def _written(self, insert: partial[Any]) -> None:
         # failed: held by this gateway only (counted and logged by the database)
-        with contextlib.suppress(StateUnavailable):
+        with contextlib.suppress(DatabaseUnavailable):
             await self._db.run("write_reasoning", insert)
 
     def forget(self, tasks: Sequence[str]) -> None:

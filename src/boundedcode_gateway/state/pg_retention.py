@@ -14,7 +14,8 @@ from functools import partial
 
 import asyncpg
 
-from boundedcode_gateway.state.database import SWEEP_TIMEOUT_S, StateDatabase
+from boundedcode_gateway.database.pool import PostgresPool
+from boundedcode_gateway.state.database import SWEEP_TIMEOUT_S
 
 BATCH_ROWS = 1000
 
@@ -47,9 +48,9 @@ async def _delete(sql: str, cutoff: datetime, conn: asyncpg.Connection) -> list[
     return [row[0] for row in await conn.fetch(sql, cutoff, BATCH_ROWS)]
 
 
-async def remove_idle_tasks(db: StateDatabase, cutoff: float) -> list[str]:
+async def remove_idle_tasks(db: PostgresPool, cutoff: float) -> list[str]:
     """Delete the rows idle since ``cutoff`` (a ``time.time()``); the tasks that lost rows.
-    A failure raises ``StateUnavailable`` (the sweep tries again on its next pass)."""
+    A failure raises ``DatabaseUnavailable`` (the sweep tries again on its next pass)."""
     at = datetime.fromtimestamp(cutoff, UTC)
     removed: dict[str, None] = {}
     for sql in (DELETE_IDLE_REASONING_SQL, DELETE_IDLE_HISTORY_SQL):

@@ -1,0 +1,1 @@
+"""The one access layer for PostgreSQL: connections, migrations, outages, counts."""
