@@ -305,9 +305,15 @@ class AuthSettings(_Strict):
 
 
 class BudgetsSettings(_Strict):
-    """``budgets:``: limits that apply to each task id on its own."""
+    """``budgets:``: limits that apply to each task id on its own, and what a call is
+    taken to spend at most where it does not say (its reservation, docs/budgets.md)."""
 
     task: BudgetSettings | None = None
+    # the answer's tokens a call without max_tokens (and a profile without its own cap)
+    # holds of a budget while it runs
+    reserve_output_tokens: int = Field(default=4096, ge=1)
+    # the seconds of a server's work a call holds, where a profile is priced per second
+    reserve_call_s: float = Field(default=60.0, gt=0)
 
 
 class LimitsSettings(_Strict):

@@ -14,10 +14,12 @@ import asyncio
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from boundedcode_gateway.access.authenticate import Authenticator
 from boundedcode_gateway.access.sites import DEFAULT_LISTEN_HOST, SitePolicy
 from boundedcode_gateway.access.token_secret import TokenSecrets, token_secrets
+from boundedcode_gateway.budgets.reservation import Reservation, reservation_for
 from boundedcode_gateway.config import GatewayConfig, ModelProfile, PriceSettings
 from boundedcode_gateway.llama_server.fleet import LocalFleet, local_fleet
 from boundedcode_gateway.llama_server.slot_store import SlotStore
@@ -135,6 +137,18 @@ class LiveConfig:
         """The price of a profile's calls (None: unpriced, or no such profile)."""
         profile = self.config.models.get(model)
         return profile.price if profile is not None else None
+
+    def reservation_of(self, model: str, body: dict[str, Any]) -> Reservation:
+        """What a call of chat ``body`` on profile ``model`` may spend at most."""
+        profile = self.config.models.get(model)
+        budgets = self.config.budgets
+        return reservation_for(
+            body,
+            profile.price if profile is not None else None,
+            profile_cap=profile.max_tokens if profile is not None else None,
+            output_estimate=budgets.reserve_output_tokens,
+            call_s_estimate=budgets.reserve_call_s,
+        )
 
     @property
     def max_body_bytes(self) -> int:

@@ -131,7 +131,7 @@ class GatewayService:
         deadline = self._deadline(ctx)
         timeout: asyncio.Timeout | None = None
         try:
-            upstream = self._admitted(route, model, ctx)
+            upstream = self._admitted(route, model, ctx, body)
             assert route is not None
             flow = CallFlow(self._shared, meter, upstream, route.fleet, self._keeper(route), body)
             if deadline is None:
@@ -174,7 +174,7 @@ class GatewayService:
         meter = Meter(self._bus, ctx, model, len(body["messages"]), None, on_submit)
         _resolved(meter, route)
         try:
-            self._admitted(route, model, ctx)
+            self._admitted(route, model, ctx, None)
             assert route is not None
             meter.record.attempts = 1
             fleet = route.fleet
@@ -206,15 +206,23 @@ class GatewayService:
         route.enter()
         return route, route.leave
 
-    def _admitted(self, route: Route | None, model: str, ctx: CallContext) -> Upstream:
+    def _admitted(
+        self, route: Route | None, model: str, ctx: CallContext, body: dict[str, Any] | None
+    ) -> Upstream:
         """The upstream of the profile a call names, once the caller's and the task's
-        budgets let it start."""
+        budgets let it start: ``body``'s reservation held of them (a count of tokens,
+        with no body, spends nothing and needs only something left)."""
         if route is None:
             raise ModelNotFound(
                 f"The model '{clip(model)}' does not exist on this gateway", param="model"
             )
-        if self._budgets is not None:
-            self._budgets.check(ctx)
+        budgets = self._budgets
+        if budgets is None:
+            return route.upstream
+        if body is None:
+            budgets.check(ctx)
+        else:
+            budgets.reserve(ctx, self.live.reservation_of(model, body))
         return route.upstream
 
     def _deadline(self, ctx: CallContext) -> CallDeadline | None:

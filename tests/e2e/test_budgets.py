@@ -85,16 +85,20 @@ def client(gw: Gateway, name: str, task: str | None = None, **options: Any) -> o
     return made
 
 
-def post(gw: Gateway, name: str, model: str = "gpt", task: str | None = None) -> httpx.Response:
+def post(
+    gw: Gateway,
+    name: str,
+    model: str = "gpt",
+    task: str | None = None,
+    max_tokens: int | None = None,
+) -> httpx.Response:
     headers = {"Authorization": f"Bearer {name}"}
     if task:
         headers["X-BoundedCode-Task"] = task
-    return httpx.post(
-        gw.url + "/v1/chat/completions",
-        json={"model": model, "messages": HI},
-        headers=headers,
-        timeout=30,
-    )
+    body: dict[str, Any] = {"model": model, "messages": HI}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    return httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
 
 
 def refused(gw: Gateway) -> list[dict[str, Any]]:
@@ -297,11 +301,13 @@ def test_a_task_budget_is_shared_by_every_caller_of_the_task(
 # -- calls in flight
 
 
-def test_calls_in_flight_finish_and_bound_what_is_spent(
+def test_a_call_in_flight_holds_what_is_left_and_bounds_what_is_spent(
     upstreams: Upstreams, start_gateway: GatewayFactory, tmp_path: Path
 ) -> None:
-    """Four calls that start with 1 token of the budget left are all served; once they
-    end, the next is refused; the spending passes the limit by at most what they spent."""
+    """Four calls that start at once with 1 token of the budget left: the first holds it
+    while it runs, so the three others are refused; once it ends, the next is refused
+    too; the spending passes the limit by at most what the call spent beyond what it
+    held (it gave no max_tokens: its reservation was no hard bound)."""
     data_dir = tmp_path / "gw"
     seed_ledger(data_dir, caller="ci", tokens=999)
     gw = start(start_gateway, upstreams, [key("ci", {"max_tokens": 1000})], data_dir=data_dir)
@@ -315,14 +321,30 @@ def test_calls_in_flight_finish_and_bound_what_is_spent(
         t.start()
     for t in threads:
         t.join(30)
-    assert statuses == [200] * 4  # admitted, none cut
+    assert sorted(statuses) == [200, 429, 429, 429]  # the one admitted is not cut
+    held = "1 tokens held by calls in flight; 0 tokens left"
+    assert all(held in c["error_message"] for c in refused(gw))
     assert post(gw, "ci").status_code == 429
-    served = [c for c in gw.calls() if c["status"] == "ok"]
-    in_flight = sum(c["prompt_tokens"] + c["completion_tokens"] for c in served)
+    (served,) = [c for c in gw.calls() if c["status"] == "ok"]
     assert gw.app.budgets is not None
     spent = gw.app.budgets.spent(("caller", "ci"), "day", gw.app.budgets.today()).tokens
-    assert spent == 999 + in_flight
-    assert spent <= 1000 + in_flight
+    assert spent == 999 + served["prompt_tokens"] + served["completion_tokens"]
+    assert gw.app.budgets.reserved(("caller", "ci")).tokens == 0
+
+
+def test_a_call_capped_by_max_tokens_is_admitted_only_where_all_it_may_spend_fits(
+    upstreams: Upstreams, start_gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "gw"
+    seed_ledger(data_dir, caller="ci", tokens=0)
+    gw = start(start_gateway, upstreams, [key("ci", {"max_tokens": 5000})], data_dir=data_dir)
+    upstreams.openai.queue(Reply(content="fits"))
+    # its prompt is bounded by its bytes and the template's 1,024 tokens
+    assert post(gw, "ci", max_tokens=100).status_code == 200
+    over = post(gw, "ci", max_tokens=4900)
+    assert over.status_code == 429
+    message = over.json()["error"]["message"]
+    assert "this call may spend up to" in message and "lower max_tokens" in message
 
 
 # -- a restart

@@ -13,7 +13,8 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
-from boundedcode_gateway.budgets.limits import Overrun, overruns, refusal
+from boundedcode_gateway.budgets.limits import Overrun, fitting, refusal
+from boundedcode_gateway.budgets.reservation import Reservation
 from boundedcode_gateway.budgets.spent import Holder, HolderSpent, Spent, day_of, spent_by
 from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.config import BudgetPeriod, BudgetSettings, GatewayConfig
@@ -38,11 +39,14 @@ def budgets_configured(config: GatewayConfig) -> bool:
 
 
 class BudgetBook:
-    """Spending per caller and per task (UTC day and lifetime), and the budgets' verdict.
+    """Spending per caller and per task (UTC day and lifetime), what the calls in flight
+    hold of it, and the budgets' verdict.
 
-    A call is checked when it starts and counted when it ends, so calls admitted while
-    others are in flight may together spend past a limit by at most what those in-flight
-    calls spend; none is cut short.
+    A call reserves what it may spend when it starts (``reserve``) and settles to what it
+    spent when its record is published (``count``): a call whose reservation is a hard
+    bound is admitted only where all of it fits, so the calls admitted never spend past
+    a limit; any other holds what is left at most, and the spending may pass a limit by
+    what such calls spend beyond what they hold (``limits.fitting``). None is cut short.
     """
 
     def __init__(self, task_budget: BudgetSettings | None, clock: Clock = utc_now) -> None:
@@ -50,6 +54,9 @@ class BudgetBook:
         # an aware UTC datetime; tests move it across a day boundary
         self.clock = clock
         self._spent: dict[Holder, HolderSpent] = {}
+        # what the calls in flight hold, per holder, and per call (by call id)
+        self._reserved: dict[Holder, Spent] = {}
+        self._held: dict[str, list[tuple[Holder, Spent]]] = {}
 
     def today(self) -> str:
         """The UTC day (``YYYY-MM-DD``) by the book's clock."""
@@ -69,26 +76,54 @@ class BudgetBook:
             return Spent()
         return held.lifetime if per == "lifetime" else held.on(day)
 
+    def reserved(self, holder: Holder) -> Spent:
+        """What the calls in flight hold of ``holder``'s budget."""
+        return self._reserved.get(holder) or Spent()
+
+    def budgets_of(self, ctx: CallContext) -> list[tuple[Holder, BudgetSettings]]:
+        """The budgets a call is held to: its caller's, its task's."""
+        found: list[tuple[Holder, BudgetSettings]] = []
+        caller = ctx.caller
+        if caller is not None and caller.budget is not None:
+            found.append((("caller", caller.name), caller.budget))
+        if self.task_budget is not None:
+            found.append((("task", ctx.task), self.task_budget))
+        return found
+
     def check(self, ctx: CallContext) -> None:
         """Refuse (``BudgetExceeded``) a call whose caller or task has a budget with nothing
-        left of one of its limits."""
-        caller = ctx.caller
-        caller_budget = caller.budget if caller is not None else None
-        if caller_budget is None and self.task_budget is None:
+        left of one of its limits, what the calls in flight hold counted as spent."""
+        self.reserve(ctx, Reservation(Spent(), hard=False))
+        self._held.pop(ctx.call_id, None)
+
+    def reserve(self, ctx: CallContext, reservation: Reservation) -> None:
+        """Hold what the call may spend of each of its budgets until its record is counted,
+        or refuse it (``BudgetExceeded``), holding nothing."""
+        budgets = self.budgets_of(ctx)
+        if not budgets:
             return
         now = self.clock()
         day = now.date().isoformat()
         found: list[Overrun] = []
-        if caller is not None and caller_budget is not None:
-            holder: Holder = ("caller", caller.name)
-            found += overruns(holder, caller_budget, self.spent(holder, caller_budget.per, day))
-        if self.task_budget is not None:
-            holder = ("task", ctx.task)
-            found += overruns(
-                holder, self.task_budget, self.spent(holder, self.task_budget.per, day)
+        held: list[tuple[Holder, Spent]] = []
+        for holder, budget in budgets:
+            fits = fitting(
+                holder,
+                budget,
+                self.spent(holder, budget.per, day),
+                self.reserved(holder),
+                reservation.amount,
+                hard=reservation.hard,
             )
+            if isinstance(fits, list):
+                found += fits
+            else:
+                held.append((holder, fits))
         if found:
             raise refusal(found, now)
+        for holder, amount in held:
+            self._reserved.setdefault(holder, Spent()).add(amount)
+        self._held[ctx.call_id] = held
 
     def count(self, record: CallRecord) -> None:
         """Add what one finished call spent to its caller's and its task's spending.
@@ -96,6 +131,10 @@ class BudgetBook:
         The gateway's own work (a cache repair) is recorded without a caller: it counts
         toward its task's budget only.
         """
+        for holder, amount in self._held.pop(record.call_id, ()):
+            reserved = self._reserved.get(holder)
+            if reserved is not None:
+                reserved.take(amount)
         track_task = self.task_budget is not None
         if record.caller is None and not track_task:
             return

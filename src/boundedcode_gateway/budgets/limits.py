@@ -17,7 +17,8 @@ NO_RETRY_HEADER = "x-should-retry"
 
 @dataclass(frozen=True, slots=True)
 class Overrun:
-    """One limit of one holder's budget with nothing left."""
+    """One limit of one holder's budget that a call does not fit in: nothing left of it,
+    or, for a call whose reservation is a hard bound, less left than it may spend."""
 
     holder: Holder
     budget: BudgetSettings
@@ -25,19 +26,65 @@ class Overrun:
     limit: str
     allowed: float
     spent: float
+    # held by the calls in flight
+    reserved: float = 0.0
+    # what the call may spend, where that is more than is left (None: nothing is left)
+    asked: float | None = None
+
+
+def _limits(budget: BudgetSettings) -> tuple[tuple[str, float | None], ...]:
+    return (
+        ("max_cost_usd", budget.max_cost_usd),
+        ("max_tokens", budget.max_tokens),
+        ("max_evaluated_tokens", budget.max_evaluated_tokens),
+    )
+
+
+def _of(amount: Spent, limit: str) -> float:
+    if limit == "max_cost_usd":
+        return amount.cost_usd
+    return float(amount.tokens if limit == "max_tokens" else amount.evaluated_tokens)
 
 
 def overruns(holder: Holder, budget: BudgetSettings, spent: Spent) -> list[Overrun]:
     """Each limit of ``budget`` that ``spent`` has reached: nothing left of it (left ≤ 0)."""
-    found = []
-    for limit, allowed, used in (
-        ("max_cost_usd", budget.max_cost_usd, spent.cost_usd),
-        ("max_tokens", budget.max_tokens, spent.tokens),
-        ("max_evaluated_tokens", budget.max_evaluated_tokens, spent.evaluated_tokens),
-    ):
-        if allowed is not None and allowed - used <= 0:
-            found.append(Overrun(holder, budget, limit, allowed, used))
-    return found
+    found = fitting(holder, budget, spent, Spent(), Spent(), hard=False)
+    return found if isinstance(found, list) else []
+
+
+def fitting(
+    holder: Holder, budget: BudgetSettings, spent: Spent, reserved: Spent, ask: Spent, *, hard: bool
+) -> Spent | list[Overrun]:
+    """What a call asking ``ask`` holds of ``holder``'s budget while it runs, or the limits
+    it does not fit in. ``reserved``: what the calls in flight hold already.
+
+    A hard ask (its answer's length capped) must fit whole: then the spending of the
+    calls admitted never passes a limit. Any other call is admitted while something is
+    left, and holds no more than is left; it may pass the limit by what it spends
+    beyond what it holds, which is the bound docs/budgets.md states.
+    """
+    found: list[Overrun] = []
+    held = Spent(ask.cost_usd, ask.tokens, ask.evaluated_tokens)
+    for limit, allowed in _limits(budget):
+        if allowed is None:
+            continue
+        used, holding, wanted = _of(spent, limit), _of(reserved, limit), _of(ask, limit)
+        left = allowed - used - holding
+        if left <= 0 or (hard and wanted > left):
+            asked = wanted if left > 0 else None
+            found.append(Overrun(holder, budget, limit, allowed, used, holding, asked))
+        elif wanted > left:
+            _hold_at_most(held, limit, left)
+    return found or held
+
+
+def _hold_at_most(held: Spent, limit: str, left: float) -> None:
+    if limit == "max_cost_usd":
+        held.cost_usd = left
+    elif limit == "max_tokens":
+        held.tokens = int(left)
+    else:
+        held.evaluated_tokens = int(left)
 
 
 def _amount(limit: str, value: float) -> str:
@@ -48,16 +95,23 @@ def _amount(limit: str, value: float) -> str:
 
 
 def describe(over: Overrun) -> str:
-    """One overrun in words: which holder, which limit and period, spent and left."""
+    """One overrun in words: which holder, which limit and period, spent, held by calls
+    in flight and left, and what the call may spend where that is more."""
     kind, name = over.holder
     period = "per UTC day" if over.budget.per == "day" else "for its lifetime"
     allowed = _amount(over.limit, over.allowed)
     spent = _amount(over.limit, over.spent)
-    left = _amount(over.limit, max(0.0, over.allowed - over.spent))
-    return (
-        f"{kind} '{name}' has spent {spent} of its {over.limit} budget of {allowed} "
-        f"{period}; {left} left"
-    )
+    left = _amount(over.limit, max(0.0, over.allowed - over.spent - over.reserved))
+    words = f"{kind} '{name}' has spent {spent} of its {over.limit} budget of {allowed} {period}"
+    if over.reserved > 0:
+        words += f", {_amount(over.limit, over.reserved)} held by calls in flight"
+    words += f"; {left} left"
+    if over.asked is not None:
+        words += (
+            f", and this call may spend up to {_amount(over.limit, over.asked)} (its prompt "
+            "and its max_tokens): lower max_tokens, or wait for the calls in flight"
+        )
+    return words
 
 
 def next_midnight(now: datetime) -> datetime:

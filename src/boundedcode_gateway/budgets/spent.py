@@ -31,6 +31,12 @@ class Spent:
         self.tokens += other.tokens
         self.evaluated_tokens += other.evaluated_tokens
 
+    def take(self, other: Spent) -> None:
+        """Take ``other`` away (what a call held, once it ended); never below nothing."""
+        self.cost_usd = max(self.cost_usd - other.cost_usd, 0.0)
+        self.tokens = max(self.tokens - other.tokens, 0)
+        self.evaluated_tokens = max(self.evaluated_tokens - other.evaluated_tokens, 0)
+
 
 def spent_by(record: CallRecord) -> Spent:
     """What one call spent; what its upstream did not report counts as nothing."""
