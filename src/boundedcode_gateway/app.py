@@ -19,8 +19,10 @@ from boundedcode_gateway.asgi.body import BodyParser
 from boundedcode_gateway.asgi.body_read import ReadingBudget
 from boundedcode_gateway.asgi.render import Receive, Send, send_error
 from boundedcode_gateway.budgets.book import BudgetBook, budgets_configured
+from boundedcode_gateway.budgets.shared import SharedBudgets
 from boundedcode_gateway.budgets.store import LedgerSpendStore, SpendStore
 from boundedcode_gateway.config import ConfigSource, GatewayConfig, UpstreamLimitsSettings
+from boundedcode_gateway.database.pool import PostgresPool
 from boundedcode_gateway.errors import ConfigError, GatewayError, internal_error
 from boundedcode_gateway.fronts.registry import fronts_by_path
 from boundedcode_gateway.fronts.sealing import Sealer, key_id, read_ring
@@ -34,7 +36,7 @@ from boundedcode_gateway.live_config import (
 )
 from boundedcode_gateway.llama_server.fleet import LocalFleet
 from boundedcode_gateway.llama_server.slot_store import SLOT_FILES_FOLDER, SlotStore
-from boundedcode_gateway.locations import describe, explain
+from boundedcode_gateway.locations import PostgresLocation, describe, explain
 from boundedcode_gateway.metering.bus import RecordBus
 from boundedcode_gateway.metering.calllog import read_tail
 from boundedcode_gateway.metering.ledgers import prepare_ledger
@@ -110,15 +112,28 @@ class GatewayApp:
         self.bus = RecordBus(self.writer)
         retention = config.retention
         memory = (retention.tasks_in_memory, retention.task_idle_s)
+        # one pool per PostgreSQL database, for the stores kept there (the task state, the
+        # budgets); the ledger's writer keeps its own connection in its thread
+        self.databases: dict[PostgresLocation, PostgresPool] = {}
         # the reasoning store and the history behind `changed`: files, or `state:`'s database
-        self.state = task_state_for(config)
+        self.state = task_state_for(config, self._database)
         self.reasoning = self.state.reasoning
         # a restarted gateway goes on comparing each conversation with its previous call
         continuity = ContinuityTable.from_call_log(
             read_tail(config.calls_path, CONTINUITY_TAIL_BYTES), *memory
         )
-        # no book where no call can have a budget: nothing to check or count per call
-        self.budgets = BudgetBook(config.budgets.task) if budgets_configured(config) else None
+        # no book where no call can have a budget: nothing to check or count per call; the
+        # budgets of gateways that share a PostgreSQL ledger are kept in its database
+        self.budgets: BudgetBook | SharedBudgets | None = None
+        if budgets_configured(config):
+            ledger = config.ledger_location
+            if config.metering.enabled and isinstance(ledger, PostgresLocation):
+                fail_open = config.budgets.when_store_down == "fail_open"
+                self.budgets = SharedBudgets(
+                    self._database(ledger), config.budgets.task, fail_open=fail_open
+                )
+            else:
+                self.budgets = BudgetBook(config.budgets.task)
         # what the budgets spent before this process: the ledger, unless nothing is written
         self.spend_store: SpendStore | None = (
             LedgerSpendStore(config.ledger_location) if config.metering.enabled else None
@@ -183,6 +198,13 @@ class GatewayApp:
         self._reload_lock = asyncio.Lock()
         self._reloads: set[asyncio.Task[ReloadResult]] = set()
 
+    def _database(self, location: PostgresLocation) -> PostgresPool:
+        """The pool of the database at ``location``, one for all the stores kept there."""
+        pool = self.databases.get(location)
+        if pool is None:
+            pool = self.databases[location] = PostgresPool(location)
+        return pool
+
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
         """The event loop the gateway serves on, once started (to reload from elsewhere:
@@ -209,7 +231,7 @@ class GatewayApp:
         self._loop = asyncio.get_running_loop()
         await self._prepare_ledger()
         await self._open_state()
-        await self._restore_budgets()
+        await self._open_budgets()
         self.bus.start()
         self.writer.start()
         self._sweeping = [asyncio.create_task(sweeper.run()) for sweeper in self.sweepers]
@@ -240,11 +262,22 @@ class GatewayApp:
             reason = explain(location, exc) if location is not None else str(exc)
             raise RuntimeError(f"cannot open {self.state.where}: {reason}") from None
 
-    async def _restore_budgets(self) -> None:
-        """Read what each caller and task spent before this process, once, off the loop.
+    async def _open_budgets(self) -> None:
+        """Read what each caller and task spent before this process, once, off the loop; or,
+        for budgets several gateways share, open their tables in the ledger's database.
 
         A ledger that cannot be read stops start-up: budgets are not enforced blind.
         """
+        if isinstance(self.budgets, SharedBudgets):
+            location = self.config.ledger_location
+            try:
+                await self.budgets.start()
+            except Exception as exc:
+                raise RuntimeError(
+                    f"cannot open the budgets in the ledger's database {describe(location)}: "
+                    f"{explain(location, exc)}"
+                ) from None
+            return
         if self.budgets is None or self.spend_store is None:
             return
         try:
@@ -272,7 +305,12 @@ class GatewayApp:
         await self.bus.close()
         await asyncio.to_thread(self.writer.close)
         await asyncio.to_thread(self.failures.close)
+        if isinstance(self.budgets, SharedBudgets):
+            # the writer has written what it could: what is still held is let go
+            await self.budgets.close()
         await self.state.close()
+        for pool in self.databases.values():
+            await pool.close()
         self.body_parser.close()
 
     async def reload(self, config: GatewayConfig | None = None) -> ReloadResult:
@@ -349,7 +387,8 @@ class GatewayApp:
         """Hold new calls to the reloaded task budget; the spending so far is kept. The
         book is made at start: budgets configured first by a reload need a restart."""
         if self.budgets is not None:
-            if self.budgets.task_budget is None and config.budgets.task is not None:
+            counted_before = isinstance(self.budgets, SharedBudgets)
+            if not counted_before and self.budgets.task_budget is None and config.budgets.task:
                 log.warning("configuration: the new task budget counts spending from now on")
             self.budgets.task_budget = config.budgets.task
         elif budgets_configured(config):

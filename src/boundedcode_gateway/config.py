@@ -314,6 +314,9 @@ class BudgetsSettings(_Strict):
     reserve_output_tokens: int = Field(default=4096, ge=1)
     # the seconds of a server's work a call holds, where a profile is priced per second
     reserve_call_s: float = Field(default=60.0, gt=0)
+    # budgets several gateways share (a PostgreSQL ledger) when its database does not
+    # answer: refuse calls (the default: money is not spent blind), or send them unheld
+    when_store_down: Literal["fail_closed", "fail_open"] = "fail_closed"
 
 
 class LimitsSettings(_Strict):

@@ -202,6 +202,15 @@ class BudgetExceeded(GatewayError):
     default_code = "budget_exceeded"
 
 
+class BudgetStoreUnavailable(GatewayError):
+    """The database several gateways keep their budgets in did not answer, and budgets
+    fail closed: the call is not sent (it may be tried again shortly)."""
+
+    status = 503
+    error_type = "server_error"
+    default_code = "budget_store_unavailable"
+
+
 class MissingApiKey(GatewayError):
     status = 500
     error_type = "server_error"

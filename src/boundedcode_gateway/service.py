@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from boundedcode_gateway.budgets.book import BudgetBook
+from boundedcode_gateway.budgets.book import Budgets
 from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.call_flow import (
     CallDeadline,
@@ -67,7 +67,7 @@ class GatewayService:
         bus: RecordBus,
         reasoning: ReasoningBackend,
         continuity: ContinuityTable | None = None,
-        budgets: BudgetBook | None = None,
+        budgets: Budgets | None = None,
         history: History | None = None,
         events: CallsWatcher | None = None,
     ) -> None:
@@ -131,7 +131,7 @@ class GatewayService:
         deadline = self._deadline(ctx)
         timeout: asyncio.Timeout | None = None
         try:
-            upstream = self._admitted(route, model, ctx, body)
+            upstream = await self._admitted(route, model, ctx, body)
             assert route is not None
             flow = CallFlow(self._shared, meter, upstream, route.fleet, self._keeper(route), body)
             if deadline is None:
@@ -174,7 +174,7 @@ class GatewayService:
         meter = Meter(self._bus, ctx, model, len(body["messages"]), None, on_submit)
         _resolved(meter, route)
         try:
-            self._admitted(route, model, ctx, None)
+            await self._admitted(route, model, ctx, None)
             assert route is not None
             meter.record.attempts = 1
             fleet = route.fleet
@@ -206,7 +206,7 @@ class GatewayService:
         route.enter()
         return route, route.leave
 
-    def _admitted(
+    async def _admitted(
         self, route: Route | None, model: str, ctx: CallContext, body: dict[str, Any] | None
     ) -> Upstream:
         """The upstream of the profile a call names, once the caller's and the task's
@@ -217,12 +217,9 @@ class GatewayService:
                 f"The model '{clip(model)}' does not exist on this gateway", param="model"
             )
         budgets = self._budgets
-        if budgets is None:
-            return route.upstream
-        if body is None:
-            budgets.check(ctx)
-        else:
-            budgets.reserve(ctx, self.live.reservation_of(model, body))
+        if budgets is not None:
+            reservation = None if body is None else self.live.reservation_of(model, body)
+            await budgets.admit(ctx, reservation)
         return route.upstream
 
     def _deadline(self, ctx: CallContext) -> CallDeadline | None:

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from boundedcode_gateway.access.keys import key_digest
+from boundedcode_gateway.budgets.book import BudgetBook
 from boundedcode_gateway.metering.calllog import read_calls
 from boundedcode_gateway.metering.ledger import Ledger
 from boundedcode_gateway.metering.records import CallRecord
@@ -326,10 +327,11 @@ def test_a_call_in_flight_holds_what_is_left_and_bounds_what_is_spent(
     assert all(held in c["error_message"] for c in refused(gw))
     assert post(gw, "ci").status_code == 429
     (served,) = [c for c in gw.calls() if c["status"] == "ok"]
-    assert gw.app.budgets is not None
-    spent = gw.app.budgets.spent(("caller", "ci"), "day", gw.app.budgets.today()).tokens
+    book = gw.app.budgets
+    assert isinstance(book, BudgetBook)
+    spent = book.spent(("caller", "ci"), "day", book.today()).tokens
     assert spent == 999 + served["prompt_tokens"] + served["completion_tokens"]
-    assert gw.app.budgets.reserved(("caller", "ci")).tokens == 0
+    assert book.reserved(("caller", "ci")).tokens == 0
 
 
 def test_a_call_capped_by_max_tokens_is_admitted_only_where_all_it_may_spend_fits(
@@ -386,7 +388,7 @@ def test_a_restarted_gateway_refuses_what_was_spent_before_it(
     assert resp.status_code == 429
     assert "caller 'ci' has spent" in resp.json()["error"]["message"]
     assert post(second, "ops", task="t1").status_code == 200
-    assert second.app.budgets is not None
+    assert isinstance(second.app.budgets, BudgetBook)
     t1 = second.app.budgets.spent(("task", "t1"), "lifetime", "")
     assert t1.tokens == sum(
         c["prompt_tokens"] + c["completion_tokens"]

@@ -4,12 +4,14 @@ gateway on the same ledger reads the budgets' spending back from it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from boundedcode_gateway.budgets.shared import SharedBudgets
 from boundedcode_gateway.metering.records import LEDGER_FIELDS
 from tests.e2e.conftest import GatewayFactory, Upstreams
 from tests.fakes.common import Reply
@@ -46,7 +48,7 @@ def test_every_call_is_exactly_one_row(
     assert gateway.app.writer.errors == 0
 
 
-def test_a_restarted_gateway_reads_the_spending_back_from_postgresql(
+def test_a_restarted_gateway_finds_the_spending_in_postgresql(
     pg: PgDatabase, upstreams: Upstreams, start_gateway: GatewayFactory
 ) -> None:
     settings = {"ledger": pg.url, "budgets": {"task": {"max_tokens": 10**9, "per": "lifetime"}}}
@@ -60,9 +62,12 @@ def test_a_restarted_gateway_reads_the_spending_back_from_postgresql(
     first.stop()
 
     second = start_gateway(upstreams.profiles, **settings)
-    book = second.app.budgets
-    assert book is not None
-    assert book.spent(("task", "budgeted"), "lifetime", "").tokens == spent_tokens > 0
+    shared = second.app.budgets
+    assert isinstance(shared, SharedBudgets) and second.app.loop is not None
+    found = asyncio.run_coroutine_threadsafe(shared.state(("task", "budgeted")), second.app.loop)
+    held = found.result(10)
+    assert held.lifetime.tokens == held.day.tokens == spent_tokens > 0
+    assert held.reserved.tokens == 0  # every call's row is in: nothing held
 
 
 def test_calls_go_on_while_the_database_is_away_and_each_is_one_row_once_back(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from typing import Protocol
 
 from boundedcode_gateway.budgets.limits import Overrun, fitting, refusal
 from boundedcode_gateway.budgets.reservation import Reservation
@@ -27,6 +28,22 @@ Clock = Callable[[], datetime]
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+class Budgets(Protocol):
+    """The budgets the service holds calls to: one gateway's book, or those several
+    gateways share (``shared.py``)."""
+
+    task_budget: BudgetSettings | None
+
+    async def admit(self, ctx: CallContext, reservation: Reservation | None) -> None:
+        """Hold ``reservation`` of the call's budgets until its record is counted (None: a
+        count of tokens, which needs only something left), or refuse the call."""
+        ...
+
+    def count(self, record: CallRecord) -> None:
+        """A call's record was published: what it spent counts, what it held is let go."""
+        ...
 
 
 def budgets_configured(config: GatewayConfig) -> bool:
@@ -89,6 +106,13 @@ class BudgetBook:
         if self.task_budget is not None:
             found.append((("task", ctx.task), self.task_budget))
         return found
+
+    async def admit(self, ctx: CallContext, reservation: Reservation | None) -> None:
+        """``reserve``, or ``check`` for a call that spends nothing (``Budgets``)."""
+        if reservation is None:
+            self.check(ctx)
+        else:
+            self.reserve(ctx, reservation)
 
     def check(self, ctx: CallContext) -> None:
         """Refuse (``BudgetExceeded``) a call whose caller or task has a budget with nothing

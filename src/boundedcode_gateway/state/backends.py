@@ -9,16 +9,18 @@ its tasks alone has them; with ``state: postgresql://…``, tables several gatew
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from boundedcode_gateway.config import GatewayConfig
 from boundedcode_gateway.database.pool import PostgresPool
+from boundedcode_gateway.locations import PostgresLocation
 from boundedcode_gateway.policy.history_diff import History, HistoryTracker
 from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store.backend import ReasoningBackend
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.state import pg_retention
-from boundedcode_gateway.state.database import state_database
+from boundedcode_gateway.state.database import TASK_STATE, state_database
 from boundedcode_gateway.state.pg_history import PostgresHistory
 from boundedcode_gateway.state.pg_reasoning import PostgresReasoningStore
 
@@ -108,8 +110,11 @@ class PostgresTaskState:
         await self.database.close()
 
 
-def task_state_for(config: GatewayConfig) -> FileTaskState | PostgresTaskState:
-    """The task state ``config`` names, not yet open."""
+def task_state_for(
+    config: GatewayConfig, database: Callable[[PostgresLocation], PostgresPool] | None = None
+) -> FileTaskState | PostgresTaskState:
+    """The task state ``config`` names, not yet open; ``database`` gives the pool of a
+    database (shared with the other stores kept there), else the state has its own."""
     retention = config.retention
     memory = (retention.tasks_in_memory, retention.task_idle_s)
     location = config.state_location
@@ -117,7 +122,8 @@ def task_state_for(config: GatewayConfig) -> FileTaskState | PostgresTaskState:
         return FileTaskState(
             ReasoningStore(config.data_path, REASONING_FILES, *memory), HistoryTracker(*memory)
         )
-    database = state_database(location)
+    pool = state_database(location) if database is None else database(location)
+    pool.serve(TASK_STATE)
     return PostgresTaskState(
-        database, PostgresReasoningStore(database, *memory), PostgresHistory(database, *memory)
+        pool, PostgresReasoningStore(pool, *memory), PostgresHistory(pool, *memory)
     )

@@ -1,0 +1,278 @@
+"""Budgets several gateways share, in the PostgreSQL database of their ledger.
+
+A call reserves what it may spend (``reservation.py``) in ``budget_reservations``, under
+an advisory lock per holder, against what the holder spent (``budget_spent``) and what
+the calls in flight of every gateway hold; the same verdict as one gateway's book
+(``limits.fitting``). It settles when its row reaches the ledger: a trigger there adds
+the row to its holders' sums and deletes its reservation in the insert's transaction
+(``migrations/postgresql/0001_live_budgets.sql``), so a call is counted exactly once,
+and only what the ledger holds is spent. A gateway renews its reservations while it
+lives; those of a gateway that died expire (``RESERVATION_TTL_S``) and stop counting.
+
+When the database does not answer, ``budgets.when_store_down`` decides: ``fail_closed``
+(the default) refuses the call with a 503, ``fail_open`` sends it unreserved (counted
+in ``unreserved``), and its spending counts once its row is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+
+import asyncpg
+
+from boundedcode_gateway.budgets.book import Clock, utc_now
+from boundedcode_gateway.budgets.limits import Overrun, fitting, refusal
+from boundedcode_gateway.budgets.reservation import Reservation
+from boundedcode_gateway.budgets.spent import Holder, Spent
+from boundedcode_gateway.call_context import CallContext
+from boundedcode_gateway.config import BudgetPeriod, BudgetSettings
+from boundedcode_gateway.database.migrations import Migration, load_migrations
+from boundedcode_gateway.database.pool import DatabaseUnavailable, PostgresPool, Store
+from boundedcode_gateway.database.postgres import MigrationSet, advisory_lock_key
+from boundedcode_gateway.errors import BudgetStoreUnavailable
+from boundedcode_gateway.metering.records import CallRecord
+
+log = logging.getLogger(__name__)
+
+# a reservation of a gateway that stopped renewing it counts no more after this long
+RESERVATION_TTL_S = 120.0
+RENEW_EVERY_S = RESERVATION_TTL_S / 4
+# what each operation is counted as (metric labels)
+OPERATIONS = ("reserve", "renew")
+
+
+def load_budget_migrations() -> list[Migration]:
+    return load_migrations("migrations/postgresql", "boundedcode_gateway.budgets")
+
+
+LIVE_BUDGETS = Store(
+    "budgets",
+    MigrationSet(load_budget_migrations, "budget_migrations", "boundedcode_gateway.budgets"),
+    OPERATIONS,
+    "budgets fail as budgets.when_store_down says",
+)
+
+# Each holder's sums for the day and for all time, and what the live reservations of
+# every gateway hold of it, in the order of $1/$2.
+SELECT_HOLDERS_SQL = """
+SELECT COALESCE(d.cost_usd, 0), COALESCE(d.tokens, 0), COALESCE(d.evaluated_tokens, 0),
+       COALESCE(l.cost_usd, 0), COALESCE(l.tokens, 0), COALESCE(l.evaluated_tokens, 0),
+       COALESCE(r.cost_usd, 0), COALESCE(r.tokens, 0), COALESCE(r.evaluated_tokens, 0)
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS h(kind, name, n)
+LEFT JOIN budget_spent d ON d.kind = h.kind AND d.name = h.name AND d.day = $3
+LEFT JOIN budget_spent l ON l.kind = h.kind AND l.name = h.name AND l.day = ''
+LEFT JOIN LATERAL (
+    SELECT SUM(cost_usd) AS cost_usd, SUM(tokens) AS tokens,
+           SUM(evaluated_tokens) AS evaluated_tokens
+    FROM budget_reservations
+    WHERE kind = h.kind AND name = h.name AND expires_at > now()
+) r ON true
+ORDER BY h.n
+"""
+INSERT_RESERVATIONS_SQL = """
+INSERT INTO budget_reservations
+    (call_id, kind, name, cost_usd, tokens, evaluated_tokens, gateway, expires_at)
+SELECT $1, kind, name, cost_usd, tokens, evaluated_tokens, $7,
+       now() + make_interval(secs => $8)
+FROM unnest($2::text[], $3::text[], $4::float8[], $5::bigint[], $6::bigint[])
+    AS r(kind, name, cost_usd, tokens, evaluated_tokens)
+"""
+RENEW_SQL = (
+    "UPDATE budget_reservations SET expires_at = now() + make_interval(secs => $2) "
+    "WHERE gateway = $1"
+)
+# what expired long ago: no longer counted, and not worth keeping
+SWEEP_EXPIRED_SQL = (
+    "DELETE FROM budget_reservations WHERE expires_at < now() - make_interval(secs => $1)"
+)
+RELEASE_GATEWAY_SQL = "DELETE FROM budget_reservations WHERE gateway = $1"
+
+
+@dataclass(frozen=True, slots=True)
+class HolderState:
+    """What one holder spent (on the day, in all) and what the calls in flight hold."""
+
+    day: Spent
+    lifetime: Spent
+    reserved: Spent
+
+    def spent(self, per: BudgetPeriod) -> Spent:
+        return self.lifetime if per == "lifetime" else self.day
+
+
+def _state(row: Sequence[float]) -> HolderState:
+    return HolderState(
+        Spent(float(row[0]), int(row[1]), int(row[2])),
+        Spent(float(row[3]), int(row[4]), int(row[5])),
+        Spent(float(row[6]), int(row[7]), int(row[8])),
+    )
+
+
+async def read_holders(
+    conn: asyncpg.Connection, holders: Sequence[Holder], day: str
+) -> list[HolderState]:
+    """Each holder's state, as the reservations see it."""
+    kinds = [h[0] for h in holders]
+    names = [h[1] for h in holders]
+    return [_state(row) for row in await conn.fetch(SELECT_HOLDERS_SQL, kinds, names, day)]
+
+
+async def _reserve(
+    budgets: Sequence[tuple[Holder, BudgetSettings]],
+    reservation: Reservation,
+    call_id: str,
+    gateway: str,
+    day: str,
+    conn: asyncpg.Connection,
+) -> list[Overrun] | None:
+    """One transaction: each holder locked (in one order, so two calls never wait on each
+    other), read, judged; the reservations written only where every holder has room."""
+    holders = [holder for holder, _ in budgets]
+    keys = sorted({advisory_lock_key(f"budget:{kind}:{name}") for kind, name in holders})
+    async with conn.transaction():
+        # before the read: a statement sees what was committed when it began
+        for key in keys:
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", key)
+        states = await read_holders(conn, holders, day)
+        found: list[Overrun] = []
+        held: list[tuple[Holder, Spent]] = []
+        for (holder, budget), state in zip(budgets, states, strict=True):
+            fits = fitting(
+                holder,
+                budget,
+                state.spent(budget.per),
+                state.reserved,
+                reservation.amount,
+                hard=reservation.hard,
+            )
+            if isinstance(fits, list):
+                found += fits
+            else:
+                held.append((holder, fits))
+        if found:
+            return found
+        await conn.execute(
+            INSERT_RESERVATIONS_SQL,
+            call_id,
+            [h[0] for h, _ in held],
+            [h[1] for h, _ in held],
+            [a.cost_usd for _, a in held],
+            [a.tokens for _, a in held],
+            [a.evaluated_tokens for _, a in held],
+            gateway,
+            RESERVATION_TTL_S,
+        )
+    return None
+
+
+class SharedBudgets:
+    """The budgets of the gateways that share one PostgreSQL ledger."""
+
+    def __init__(
+        self,
+        pool: PostgresPool,
+        task_budget: BudgetSettings | None,
+        *,
+        fail_open: bool = False,
+        clock: Clock = utc_now,
+    ) -> None:
+        pool.serve(LIVE_BUDGETS)
+        self._pool = pool
+        self.task_budget = task_budget
+        self.fail_open = fail_open
+        self.clock = clock
+        # this process's reservations are renewed under this name while it lives
+        self.gateway = f"{uuid.uuid4().hex[:12]}-{int(time.time())}"
+        # calls sent without a reservation because the database did not answer
+        self.unreserved = 0
+        self._renewing: asyncio.Task[None] | None = None
+
+    def today(self) -> str:
+        return self.clock().date().isoformat()
+
+    def budgets_of(self, ctx: CallContext) -> list[tuple[Holder, BudgetSettings]]:
+        """The budgets a call is held to: its caller's, its task's."""
+        found: list[tuple[Holder, BudgetSettings]] = []
+        caller = ctx.caller
+        if caller is not None and caller.budget is not None:
+            found.append((("caller", caller.name), caller.budget))
+        if self.task_budget is not None:
+            found.append((("task", ctx.task), self.task_budget))
+        return found
+
+    async def admit(self, ctx: CallContext, reservation: Reservation | None) -> None:
+        """Hold ``reservation`` of the call's budgets in the database (None: a count of
+        tokens, which holds nothing and needs only something left), or refuse the call."""
+        budgets = self.budgets_of(ctx)
+        if not budgets:
+            return
+        now: datetime = self.clock()
+        asked = reservation or Reservation(Spent(), hard=False)
+        work = partial(_reserve, budgets, asked, ctx.call_id, self.gateway, now.date().isoformat())
+        try:
+            found = await self._pool.run("reserve", work)
+        except DatabaseUnavailable:
+            if self.fail_open:
+                self.unreserved += 1
+                return
+            error = BudgetStoreUnavailable(
+                "The budgets' database is not answering, and budgets do not let calls "
+                "through unchecked (budgets.when_store_down: fail_closed). The call was "
+                "not sent; try again shortly."
+            )
+            error.headers["Retry-After"] = "1"
+            raise error from None
+        if found:
+            raise refusal(found, now)
+
+    def count(self, record: CallRecord) -> None:
+        """Nothing to add here: the ledger's trigger counts the call once its row is in."""
+
+    async def state(self, holder: Holder) -> HolderState:
+        """What ``holder`` spent today and in all, and what the calls in flight hold."""
+        work = partial(_read_one, holder, self.today())
+        return await self._pool.run("reserve", work)
+
+    async def start(self) -> None:
+        """Open the database (its migrations applied) and keep this process's reservations
+        alive."""
+        await self._pool.open()
+        self._renewing = asyncio.get_running_loop().create_task(self._renew_forever())
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(RENEW_EVERY_S)
+            with contextlib.suppress(DatabaseUnavailable):
+                await self._pool.run("renew", partial(_renew, self.gateway))
+
+    async def close(self) -> None:
+        """Stop renewing and let go of what this process still holds (its calls ended, their
+        rows written or never to be): called once the ledger's writer has closed."""
+        renewing, self._renewing = self._renewing, None
+        if renewing is not None:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
+        with contextlib.suppress(DatabaseUnavailable):
+            await self._pool.run("renew", partial(_release, self.gateway))
+
+
+async def _read_one(holder: Holder, day: str, conn: asyncpg.Connection) -> HolderState:
+    return (await read_holders(conn, [holder], day))[0]
+
+
+async def _renew(gateway: str, conn: asyncpg.Connection) -> None:
+    await conn.execute(RENEW_SQL, gateway, RESERVATION_TTL_S)
+    await conn.execute(SWEEP_EXPIRED_SQL, RESERVATION_TTL_S)
+
+
+async def _release(gateway: str, conn: asyncpg.Connection) -> None:
+    await conn.execute(RELEASE_GATEWAY_SQL, gateway)

@@ -1,0 +1,137 @@
+"""Budgets several gateways share (docs/budgets.md, "Several gateways"): three gateways
+on one PostgreSQL ledger, callers on each at once, one key's budget; a call capped by
+``max_tokens`` is admitted only where all it may spend fits in what every gateway's
+calls left, so what the ledger holds never passes the limit; each call is one row; a
+database that does not answer refuses calls (``fail_closed``) or lets them through
+(``fail_open``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import GatewayFactory, Upstreams
+from tests.e2e.test_budgets import key, post, start
+from tests.fakes.common import Reply
+from tests.fakes.tcp_proxy import TcpProxy
+from tests.postgres_db import SERVER_PORT, PgDatabase
+
+# a call of HI capped at 150 tokens reserves some 1,200 (its bytes, the template's 1,024,
+# its cap) and spends some 160: the budget fits one such reservation beside what was
+# spent, so calls queue on it until the ledger is near the limit
+LIMIT = 2000
+CALLERS = 12
+CALLS_EACH = 4
+# each answer as long as its cap allows, and slow enough that calls overlap
+ANSWER = Reply(content="word " * 400, delay_ms=100)
+
+
+HELD_SQL = """
+SELECT (SELECT COALESCE(SUM(tokens), 0) FROM budget_spent
+        WHERE kind = 'caller' AND name = 'ci' AND day = '') AS spent,
+       (SELECT COALESCE(SUM(tokens), 0) FROM budget_reservations
+        WHERE kind = 'caller' AND name = 'ci' AND expires_at > now()) AS held
+"""
+
+
+def spent_in_ledger(pg: PgDatabase, caller: str) -> int:
+    rows = pg.fetch(
+        "SELECT COALESCE(SUM(COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0)), 0)"
+        " AS n FROM model_calls WHERE caller = $1",
+        caller,
+    )
+    return int(rows[0]["n"])
+
+
+def test_callers_on_three_gateways_never_spend_past_a_shared_budget_with_capped_calls(
+    pg: PgDatabase, upstreams: Upstreams, start_gateway: GatewayFactory
+) -> None:
+    settings: dict[str, Any] = {"ledger": pg.url, "metering": {"sync": True}}
+    keys = [key("ci", {"max_tokens": LIMIT, "per": "day"})]
+    gateways = [start(start_gateway, upstreams, keys, **settings) for _ in range(3)]
+    upstreams.openai.queue(*[ANSWER for _ in range(CALLERS * CALLS_EACH)])
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def caller(n: int) -> None:
+        for m in range(CALLS_EACH):
+            status = post(gateways[(n + m) % 3], "ci", max_tokens=150).status_code
+            with lock:
+                statuses.append(status)
+
+    held: list[int] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        # what was spent and what the calls in flight hold, in one snapshot, as they go
+        while not done.is_set():
+            row = pg.fetch(HELD_SQL)[0]
+            held.append(int(row["spent"]) + int(row["held"]))
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=caller, args=(n,)) for n in range(CALLERS)]
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    done.set()
+    watcher.join(10)
+    assert len(statuses) == CALLERS * CALLS_EACH and set(statuses) <= {200, 429}
+    assert statuses.count(200) >= 2 and statuses.count(429) >= 1
+    # never more held and spent together than the budget: each call fit whole
+    assert held and max(held) <= LIMIT, max(held)
+    # calls were refused for not fitting whole while something was left
+    words = [c["error_message"] for g in gateways for c in g.calls() if c["status"] != "ok"]
+    assert any("this call may spend up to" in w for w in words)
+    spent = spent_in_ledger(pg, "ci")
+    assert 0 < spent <= LIMIT
+    # every request is one row, whichever gateway took it; nothing is still held
+    rows = pg.fetch("SELECT call_id FROM model_calls WHERE caller = 'ci'")
+    assert len(rows) == len({r["call_id"] for r in rows}) == CALLERS * CALLS_EACH
+    assert pg.fetch("SELECT count(*) AS n FROM budget_reservations")[0]["n"] == 0
+    # what the budgets count is what the ledger holds
+    counted = pg.fetch(
+        "SELECT tokens FROM budget_spent WHERE kind = 'caller' AND name = 'ci' AND day = ''"
+    )
+    assert counted[0]["tokens"] == spent
+
+
+@pytest.mark.parametrize(("when_down", "status"), [("fail_closed", 503), ("fail_open", 200)])
+def test_a_budgets_database_that_does_not_answer_refuses_or_lets_calls_through(
+    pg: PgDatabase,
+    upstreams: Upstreams,
+    start_gateway: GatewayFactory,
+    when_down: str,
+    status: int,
+) -> None:
+    proxy = TcpProxy(target_port=SERVER_PORT).start()
+    try:
+        gw = start(
+            start_gateway,
+            upstreams,
+            [key("ci", {"max_tokens": 10**9})],
+            ledger=pg.url_at(proxy.port),
+            budgets={"when_store_down": when_down},
+        )
+        upstreams.openai.queue(*[Reply(content="ok") for _ in range(3)])
+        assert post(gw, "ci").status_code == 200
+        proxy.cut()
+        started = time.monotonic()
+        answer = post(gw, "ci")
+        assert answer.status_code == status, answer.text
+        assert time.monotonic() - started < 10
+        if status == 503:
+            assert answer.json()["error"]["code"] == "budget_store_unavailable"
+            assert answer.headers["retry-after"] == "1"
+        proxy.restore()
+        deadline = time.monotonic() + 30
+        while post(gw, "ci").status_code != 200:
+            assert time.monotonic() < deadline, "budgets did not come back with the database"
+            time.sleep(0.5)
+    finally:
+        proxy.stop()
