@@ -21,12 +21,18 @@ from boundedcode_gateway.asgi.render import Receive, Send, send_error
 from boundedcode_gateway.budgets.book import BudgetBook, budgets_configured
 from boundedcode_gateway.budgets.shared import SharedBudgets
 from boundedcode_gateway.budgets.store import LedgerSpendStore, SpendStore
-from boundedcode_gateway.config import ConfigSource, GatewayConfig, UpstreamLimitsSettings
+from boundedcode_gateway.config import (
+    ConfigSource,
+    GatewayConfig,
+    RateLimitSettings,
+    UpstreamLimitsSettings,
+)
 from boundedcode_gateway.database.pool import PostgresPool
 from boundedcode_gateway.errors import ConfigError, GatewayError, internal_error
 from boundedcode_gateway.fronts.registry import fronts_by_path
 from boundedcode_gateway.fronts.sealing import Sealer, key_id, read_ring
 from boundedcode_gateway.ingress.routes import Router
+from boundedcode_gateway.limits.limiter import CallLimits
 from boundedcode_gateway.live_config import (
     Route,
     RouteChanges,
@@ -69,6 +75,13 @@ class ReloadResult:
     applied: bool
     reason: str | None = None
     changes: RouteChanges | None = None
+
+
+def key_rate_limits(config: GatewayConfig) -> dict[str, RateLimitSettings]:
+    """The keys that have rate limits of their own, by name."""
+    if config.auth is None:
+        return {}
+    return {k.name: k.rate_limits for k in config.auth.keys if k.rate_limits is not None}
 
 
 class GatewayApp:
@@ -134,6 +147,9 @@ class GatewayApp:
                 )
             else:
                 self.budgets = BudgetBook(config.budgets.task)
+        # rate and concurrency limits: made whatever the configuration says, so that a
+        # reload may add them (a call with none to meet costs a few lookups)
+        self.limits = CallLimits(config.rate_limits, key_rate_limits(config))
         # what the budgets spent before this process: the ledger, unless nothing is written
         self.spend_store: SpendStore | None = (
             LedgerSpendStore(config.ledger_location) if config.metering.enabled else None
@@ -157,6 +173,7 @@ class GatewayApp:
             self.reasoning,
             continuity,
             budgets=self.budgets,
+            limits=self.limits,
             history=self.state.history,
             events=self.events,
         )
@@ -361,6 +378,7 @@ class GatewayApp:
         # an open page's event stream is let in again by the new keys, or ended
         self.events.recheck_viewers()
         self._use_budgets(config)
+        self.limits.use(config.rate_limits, key_rate_limits(config))
         await self._use_seal_keys(config, old.config)
         self.config = config
         log.info("configuration reloaded: %s", changes.describe())

@@ -240,6 +240,61 @@ class BudgetSettings(_Strict):
         return self
 
 
+class WindowSettings(_Strict):
+    """At most ``limit`` in any ``window_s`` seconds (a sliding window)."""
+
+    limit: int = Field(ge=1)
+    window_s: float = Field(default=60.0, gt=0, le=86_400)
+
+
+class RateLimitSettings(_Strict):
+    """What one holder (a caller, a task, a profile) may send: requests and tokens per
+    window, and calls at once (docs/budgets.md, "Rate and concurrency limits")."""
+
+    requests: WindowSettings | None = None
+    # prompt plus completion tokens, counted when each call ends
+    tokens: WindowSettings | None = None
+    # the prompt tokens the servers evaluated, counted when each call ends
+    evaluated_tokens: WindowSettings | None = None
+    # calls in flight at once; more wait their turn (``rate_limits.max_wait_s``)
+    in_flight: int | None = Field(default=None, ge=1)
+    # of a profile's calls in flight, what one caller may hold: below a local server's
+    # slots, so another caller always finds one
+    in_flight_per_caller: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _check_some_limit(self) -> RateLimitSettings:
+        if (
+            all(
+                v is None
+                for v in (self.requests, self.tokens, self.evaluated_tokens, self.in_flight)
+            )
+            and self.in_flight_per_caller is None
+        ):
+            raise ValueError(
+                "a rate limit needs at least one of 'requests', 'tokens', "
+                "'evaluated_tokens', 'in_flight' or 'in_flight_per_caller'"
+            )
+        return self
+
+
+class RateLimitsSettings(_Strict):
+    """``rate_limits:``: per caller (each key and each task token on its own; a key's own
+    ``rate_limits`` instead), per task, per profile; how long a call waits for a place."""
+
+    per_caller: RateLimitSettings | None = None
+    per_task: RateLimitSettings | None = None
+    profiles: dict[str, RateLimitSettings] = Field(default_factory=dict)
+    # calls waiting for a place of one concurrency limit; more are refused at once
+    max_waiting: int = Field(default=256, ge=0)
+    # the longest a call waits for a place before it is refused
+    max_wait_s: float = Field(default=30.0, gt=0)
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.per_caller or self.per_task or self.profiles)
+
+
 class KeySettings(_Strict):
     """One caller key under ``auth.keys``: its name, the SHA-256 of the key, what it may do."""
 
@@ -248,6 +303,8 @@ class KeySettings(_Strict):
     models: tuple[str, ...] = Field(min_length=1)
     admin: bool = False
     budget: BudgetSettings | None = None
+    # this key's own rate limits, instead of ``rate_limits.per_caller``
+    rate_limits: RateLimitSettings | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -841,6 +898,7 @@ class GatewayConfig(_Strict):
     inference: InferenceSettings = InferenceSettings()
     auth: AuthSettings | None = None
     budgets: BudgetsSettings = BudgetsSettings()
+    rate_limits: RateLimitsSettings = RateLimitsSettings()
     limits: LimitsSettings = LimitsSettings()
     retention: RetentionSettings = RetentionSettings()
     reasoning: ReasoningSettings = ReasoningSettings()
@@ -858,6 +916,16 @@ class GatewayConfig(_Strict):
                 "'auth' is empty; give it 'keys', a 'token_secret_env' or a 'token_secret_file'"
             )
         return value
+
+    @model_validator(mode="after")
+    def _check_rate_limit_profiles(self) -> GatewayConfig:
+        for name in self.rate_limits.profiles:
+            if name not in self.models:
+                raise ValueError(
+                    f"rate_limits.profiles.{name}: no model profile of that name "
+                    f"(the profiles are {', '.join(sorted(self.models))})"
+                )
+        return self
 
     @model_validator(mode="after")
     def _check_key_isolation(self) -> GatewayConfig:

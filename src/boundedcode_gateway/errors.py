@@ -211,6 +211,16 @@ class BudgetStoreUnavailable(GatewayError):
     default_code = "budget_store_unavailable"
 
 
+class RateLimited(GatewayError):
+    """A call over a rate limit (requests or tokens in a window), or one that found no
+    place within a concurrency limit's wait: to be sent again after ``Retry-After``.
+    ``error_type`` says which, as OpenAI's own: ``requests`` or ``tokens``."""
+
+    status = 429
+    error_type = "requests"
+    default_code = "rate_limit_exceeded"
+
+
 class MissingApiKey(GatewayError):
     status = 500
     error_type = "server_error"

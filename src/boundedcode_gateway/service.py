@@ -29,6 +29,7 @@ from boundedcode_gateway.call_flow import (
     StreamAnswer,
 )
 from boundedcode_gateway.errors import GatewayError, ModelNotFound, internal_error
+from boundedcode_gateway.limits.limiter import CallLimits
 from boundedcode_gateway.live_config import LiveConfig, Route
 from boundedcode_gateway.llama_server.cache_keeper import CacheKeeper
 from boundedcode_gateway.metering.bus import RecordBus
@@ -68,6 +69,7 @@ class GatewayService:
         reasoning: ReasoningBackend,
         continuity: ContinuityTable | None = None,
         budgets: Budgets | None = None,
+        limits: CallLimits | None = None,
         history: History | None = None,
         events: CallsWatcher | None = None,
     ) -> None:
@@ -79,6 +81,10 @@ class GatewayService:
             # call is admitted
             bus.count("budgets", budgets.count)
         self._budgets = budgets
+        # the rate and concurrency limits, counted and freed as each record is published
+        self._limits = limits
+        if limits is not None:
+            bus.count("limits", limits.count)
         continuity = continuity if continuity is not None else ContinuityTable()
         history = history if history is not None else HistoryTracker()
         self._shared = SharedState(http, reasoning, history, continuity, set(), events)
@@ -216,6 +222,8 @@ class GatewayService:
             raise ModelNotFound(
                 f"The model '{clip(model)}' does not exist on this gateway", param="model"
             )
+        if self._limits is not None:
+            await self._limits.admit(ctx, model)
         budgets = self._budgets
         if budgets is not None:
             reservation = None if body is None else self.live.reservation_of(model, body)

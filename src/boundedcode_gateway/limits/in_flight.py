@@ -123,6 +123,14 @@ class InFlightLimit:
         self.refused_full = 0
         self.refused_timeout = 0
 
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def per_holder(self) -> int | None:
+        return self._per_holder
+
     def __repr__(self) -> str:
         return (
             f"InFlightLimit(in_flight={self._in_flight}/{self._limit}, "

@@ -1,0 +1,245 @@
+"""The rate and concurrency limits of one gateway's calls: each call admitted against its
+caller's, its task's and its profile's limits before it is sent, and settled when its
+record is published.
+
+A call counts 1 in each requests window when it is admitted; it is refused while a
+tokens or evaluated-tokens window is full, and adds what it spent to those windows when
+it ends (counted in the window it started in: ``windows.settle``), so a token window
+passes its limit by at most what the calls in flight when it filled spend. A call over
+any window is refused with the wait after which it would fit (``Retry-After``). Within a
+concurrency limit it waits its turn (``in_flight.py``): per caller, per task, then per
+profile, whose ``in_flight_per_caller`` caps one caller below the profile's places; a
+queue that is full or a wait past ``max_wait_s`` refuses it.
+
+The counts are this process's (one gateway); the gateway's own work (cache repairs,
+slot saves) counts toward no limit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from boundedcode_gateway.call_context import CallContext
+from boundedcode_gateway.config import RateLimitSettings, RateLimitsSettings, WindowSettings
+from boundedcode_gateway.errors import RateLimited
+from boundedcode_gateway.limits.in_flight import InFlightLimit, QueueFull, Ticket, WaitedTooLong
+from boundedcode_gateway.limits.windows import WindowCount, WindowLimit, admit, settle
+from boundedcode_gateway.lru import IdleLru
+from boundedcode_gateway.metering.records import CallRecord
+
+# (holder kind, its name): "caller", "task" or "profile"
+Holder = tuple[str, str]
+# the windows kept, all holders together; the least recently used goes first
+MAX_WINDOWS = 100_000
+# a refused call that found no place waits this long before it is sent again
+IN_FLIGHT_RETRY_AFTER_S = 1
+_METRICS = ("requests", "tokens", "evaluated_tokens")
+
+
+@dataclass(slots=True)
+class _Held:
+    """What an admitted call holds until its record is published: the token windows it
+    is to be counted in (and the window each was in when it started), its places."""
+
+    windows: list[tuple[tuple[Holder, str], WindowLimit, float]]
+    tickets: list[Ticket]
+
+
+@dataclass(slots=True)
+class LimitCounts:
+    """What the limits refused, for ``/metrics``."""
+
+    rate_refused: int = 0
+    in_flight_refused: int = 0
+
+
+class CallLimits:
+    """One gateway's rate and concurrency limits, their counts, and the calls in flight."""
+
+    def __init__(
+        self,
+        settings: RateLimitsSettings,
+        key_limits: dict[str, RateLimitSettings] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self.counts = LimitCounts()
+        self._windows: IdleLru[tuple[Holder, str], WindowCount] = IdleLru(MAX_WINDOWS)
+        self._places: dict[Holder, InFlightLimit] = {}
+        self._held: dict[str, _Held] = {}
+        self.use(settings, key_limits or {})
+
+    def use(self, settings: RateLimitsSettings, key_limits: dict[str, RateLimitSettings]) -> None:
+        """Hold new calls to ``settings`` (a reload): the windows' counts are kept; a
+        concurrency limit whose settings changed starts anew for new calls."""
+        self.settings = settings
+        self._key_limits = key_limits
+        self._places = {
+            holder: places
+            for holder, places in self._places.items()
+            if self._place_settings(holder) == (places.limit, places.per_holder)
+        }
+
+    def limits_of(self, ctx: CallContext, profile: str) -> list[tuple[Holder, RateLimitSettings]]:
+        """The limits a call is held to, in the order its places are taken."""
+        found: list[tuple[Holder, RateLimitSettings]] = []
+        caller = ctx.caller
+        if caller is not None:
+            own = self._key_limits.get(caller.name) or self.settings.per_caller
+            if own is not None:
+                found.append((("caller", caller.name), own))
+        if self.settings.per_task is not None:
+            found.append((("task", ctx.task), self.settings.per_task))
+        by_profile = self.settings.profiles.get(profile)
+        if by_profile is not None:
+            found.append((("profile", profile), by_profile))
+        return found
+
+    async def admit(self, ctx: CallContext, profile: str) -> None:
+        """Admit the call or refuse it (``RateLimited``); wait for its places."""
+        limits = self.limits_of(ctx, profile)
+        if not limits:
+            return
+        now = self._clock()
+        held = _Held([], [])
+        admitted: list[tuple[tuple[Holder, str], WindowCount]] = []
+        waits: list[tuple[float, str, str]] = []
+        for holder, settings in limits:
+            for metric in _METRICS:
+                window: WindowSettings | None = getattr(settings, metric)
+                if window is None:
+                    continue
+                limit = WindowLimit(window.limit, window.window_s)
+                key = (holder, metric)
+                state = self._windows.get(key) or WindowCount()
+                verdict = admit(state, limit, now, 1 if metric == "requests" else 0)
+                if not verdict.allowed:
+                    wait = verdict.retry_after_s
+                    waits.append((math.inf if wait is None else wait, metric, _name(holder)))
+                    continue
+                admitted.append((key, verdict.state))
+                if metric != "requests":
+                    held.windows.append((key, limit, verdict.state.start))
+        if waits:
+            self.counts.rate_refused += 1
+            raise _over_rate(waits)
+        for key, state in admitted:
+            self._windows.put(key, state)
+        try:
+            for holder, settings in limits:
+                await self._take_places(ctx, holder, settings, held)
+        except BaseException:
+            for ticket in held.tickets:
+                ticket.release()
+            raise
+        self._held[ctx.call_id] = held
+
+    async def _take_places(
+        self, ctx: CallContext, holder: Holder, settings: RateLimitSettings, held: _Held
+    ) -> None:
+        places = self._places_of(holder)
+        if places is None:
+            return
+        caller = ctx.caller.name if ctx.caller is not None else ""
+        try:
+            held.tickets.append(await places.acquire(caller))
+        except (QueueFull, WaitedTooLong) as exc:
+            self.counts.in_flight_refused += 1
+            error = RateLimited(
+                f"Too many calls in flight: {_name(holder)} has {places.in_flight} of its "
+                f"{places.limit} at once, and this call {_why(exc, self.settings.max_wait_s)}. "
+                "The call was not sent; send it again shortly."
+            )
+            error.headers["Retry-After"] = str(IN_FLIGHT_RETRY_AFTER_S)
+            raise error from None
+
+    def _place_settings(self, holder: Holder) -> tuple[int, int | None] | None:
+        settings = self._settings_of(holder)
+        if settings is None:
+            return None
+        per_caller = settings.in_flight_per_caller if holder[0] == "profile" else None
+        if settings.in_flight is None and per_caller is None:
+            return None
+        # a cap per caller alone: as many places as there could be callers
+        return settings.in_flight or 1_000_000, per_caller
+
+    def _settings_of(self, holder: Holder) -> RateLimitSettings | None:
+        kind, name = holder
+        if kind == "caller":
+            return self._key_limits.get(name) or self.settings.per_caller
+        if kind == "task":
+            return self.settings.per_task
+        return self.settings.profiles.get(name)
+
+    def _places_of(self, holder: Holder) -> InFlightLimit | None:
+        places = self._places.get(holder)
+        if places is not None:
+            return places
+        wanted = self._place_settings(holder)
+        if wanted is None:
+            return None
+        limit, per_caller = wanted
+        places = InFlightLimit(
+            limit, self.settings.max_waiting, self.settings.max_wait_s, per_holder=per_caller
+        )
+        self._places[holder] = places
+        return places
+
+    def count(self, record: CallRecord) -> None:
+        """A call ended (its record is published): what it spent counts in its token
+        windows, and its places are free."""
+        held = self._held.pop(record.call_id, None)
+        if held is None:
+            return
+        now = self._clock()
+        spent = {
+            "tokens": (record.prompt_tokens or 0) + (record.completion_tokens or 0),
+            "evaluated_tokens": record.evaluated_tokens or 0,
+        }
+        for key, limit, started in held.windows:
+            state = self._windows.get(key)
+            if state is not None:
+                actual = spent[key[1]]
+                self._windows.put(key, settle(state, limit, now, 0, actual, counted_in=started))
+        for ticket in held.tickets:
+            ticket.release()
+
+    @property
+    def in_flight(self) -> dict[Holder, InFlightLimit]:
+        """The concurrency limits in use, by holder (for ``/metrics`` and the views)."""
+        return dict(self._places)
+
+
+def _name(holder: Holder) -> str:
+    kind, name = holder
+    return f"{kind} '{name}'"
+
+
+def _why(exc: QueueFull | WaitedTooLong, max_wait_s: float) -> str:
+    if isinstance(exc, QueueFull):
+        return f"found {exc.waiting} calls already waiting"
+    return f"waited {max_wait_s:g} s for a place"
+
+
+def _over_rate(waits: list[tuple[float, str, str]]) -> RateLimited:
+    """The refusal of a call over one window or more: the longest wait among them."""
+    wait, metric, _ = max(waits)
+    named = "; ".join(f"{h} is over its {m} limit" for _, m, h in sorted(waits))
+    kind = "requests" if metric == "requests" else "tokens"
+    if math.isinf(wait):
+        error = RateLimited(
+            f"Rate limit exceeded: {named}, and this call alone is more than the limit. "
+            "The call was not sent.",
+            error_type=kind,
+        )
+        error.headers["x-should-retry"] = "false"
+    else:
+        error = RateLimited(
+            f"Rate limit exceeded: {named}. The call was not sent; it fits again in {wait:.1f} s.",
+            error_type=kind,
+        )
+        error.headers["Retry-After"] = str(max(1, math.ceil(wait)))
+    return error

@@ -1,0 +1,139 @@
+"""Rate and concurrency limits (docs/budgets.md, "Rate and concurrency limits"): a call
+over a requests or tokens window is a 429 with the wait after which it fits, in the
+shape of its front; within a concurrency limit a call waits its turn, a caller capped
+below a profile's places never holds more than its cap while another caller gets one,
+and a full queue refuses at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from tests.e2e.conftest import Gateway, GatewayFactory, Upstreams
+from tests.e2e.test_budgets import HI, key, post, start
+from tests.fakes.common import Reply
+
+
+def limited(name: str, **limits: Any) -> dict[str, Any]:
+    return {**key(name), "rate_limits": limits}
+
+
+def message(gw: Gateway, name: str) -> httpx.Response:
+    """A call through the Anthropic Messages front."""
+    headers = {"x-api-key": name, "anthropic-version": "2023-06-01"}
+    body = {"model": "gpt", "max_tokens": 50, "messages": HI}
+    return httpx.post(gw.url + "/v1/messages", json=body, headers=headers, timeout=30)
+
+
+def test_a_call_over_a_requests_window_is_told_when_it_fits_in_its_fronts_words(
+    upstreams: Upstreams, start_gateway: GatewayFactory
+) -> None:
+    keys = [limited("ci", requests={"limit": 2, "window_s": 60})]
+    gw = start(start_gateway, upstreams, keys)
+    upstreams.openai.queue(Reply(content="one"), Reply(content="two"))
+    assert [post(gw, "ci").status_code for _ in range(2)] == [200, 200]
+    over = post(gw, "ci")
+    assert over.status_code == 429
+    error = over.json()["error"]
+    assert (error["type"], error["code"]) == ("requests", "rate_limit_exceeded")
+    assert "caller 'ci' is over its requests limit" in error["message"]
+    # the sliding window weighs the window before it: its two calls weigh one half-way
+    # through the next (90 s from now at most)
+    assert 1 <= int(over.headers["retry-after"]) <= 90
+    # the same refusal through the Messages front, in Anthropic's shape
+    anthropic = message(gw, "ci")
+    assert anthropic.status_code == 429
+    assert anthropic.json()["error"]["type"] == "rate_limit_error"
+    assert 1 <= int(anthropic.headers["retry-after"]) <= 90
+    refused = [c for c in gw.calls() if c["error_code"] == "rate_limit_exceeded"]
+    assert len(refused) == 2 and all(c["attempts"] == 0 for c in refused)
+
+
+def test_a_full_tokens_window_refuses_the_tasks_next_call_until_it_empties(
+    upstreams: Upstreams, start_gateway: GatewayFactory
+) -> None:
+    gw = start(
+        start_gateway,
+        upstreams,
+        [key("ci")],
+        rate_limits={"per_task": {"tokens": {"limit": 5, "window_s": 2}}},
+    )
+    upstreams.openai.queue(*[Reply(content="some words to count") for _ in range(3)])
+    assert post(gw, "ci", task="t").status_code == 200  # admitted while the window had room
+    over = post(gw, "ci", task="t")
+    assert over.status_code == 429 and over.json()["error"]["type"] == "tokens"
+    assert "task 't' is over its tokens limit" in over.json()["error"]["message"]
+    assert post(gw, "ci", task="other").status_code == 200  # each task on its own
+    deadline = time.monotonic() + 10
+    while post(gw, "ci", task="t").status_code != 200:
+        assert time.monotonic() < deadline, "the window did not empty"
+        time.sleep(0.5)
+
+
+def test_a_caller_capped_below_a_profiles_places_never_holds_more_and_others_get_one(
+    upstreams: Upstreams, start_gateway: GatewayFactory
+) -> None:
+    gw = start(
+        start_gateway,
+        upstreams,
+        [key("a"), key("b")],
+        rate_limits={
+            "profiles": {"gpt": {"in_flight": 2, "in_flight_per_caller": 1}},
+            "max_waiting": 2,
+            "max_wait_s": 20,
+        },
+    )
+    upstreams.openai.queue(*[Reply(content="slow", delay_ms=600) for _ in range(4)])
+    places = gw.app.limits
+    held_by_a: list[int] = []
+    statuses: dict[str, list[int]] = {"a": [], "b": []}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            limit = places.in_flight.get(("profile", "gpt"))
+            if limit is not None:
+                held_by_a.append(limit.held("a"))
+            time.sleep(0.005)
+
+    def send(name: str) -> None:
+        statuses[name].append(post(gw, name).status_code)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    a_calls = [threading.Thread(target=send, args=("a",)) for _ in range(3)]
+    for t in a_calls:
+        t.start()
+    time.sleep(0.2)  # a's first holds its one place; two of a's wait
+    b_call = threading.Thread(target=send, args=("b",))
+    started = time.monotonic()
+    b_call.start()
+    b_call.join(30)
+    b_took = time.monotonic() - started
+    for t in a_calls:
+        t.join(30)
+    done.set()
+    watcher.join(5)
+    assert max(held_by_a) == 1  # never two, though the profile had two places
+    assert statuses["b"] == [200] and b_took < 1.2  # the other place was b's at once
+    # a's second and third waited their turn and were served when a place freed
+    assert sorted(statuses["a"]) == [200, 200, 200]
+    # the queue's bound: with two of a's waiting, a third waiter is refused at once
+    upstreams.openai.queue(*[Reply(content="slow", delay_ms=800) for _ in range(3)])
+    results: list[int] = []
+    waiters = [threading.Thread(target=lambda: results.append(post(gw, "a").status_code))]
+    waiters += [threading.Thread(target=lambda: results.append(post(gw, "a").status_code))]
+    waiters += [threading.Thread(target=lambda: results.append(post(gw, "a").status_code))]
+    for t in waiters:
+        t.start()
+        time.sleep(0.1)
+    time.sleep(0.2)
+    full = post(gw, "a")
+    for t in waiters:
+        t.join(30)
+    assert full.status_code == 429 and full.headers["retry-after"] == "1"
+    assert "found 2 calls already waiting" in full.json()["error"]["message"]
+    assert sorted(results) == [200, 200, 200]
