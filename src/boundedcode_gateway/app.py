@@ -178,7 +178,12 @@ class GatewayApp:
             events=self.events,
         )
         self.metrics = GatewayMetrics(
-            self.service, self.writer, self.events, state=self.state.database
+            self.service,
+            self.writer,
+            self.events,
+            state=self.state.database,
+            limits=self.limits,
+            budgets=self.budgets if isinstance(self.budgets, SharedBudgets) else None,
         )
         self.bus.subscribe("the metrics", self.metrics.observe)
         # a line on stderr per failed or refused call

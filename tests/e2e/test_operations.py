@@ -21,8 +21,10 @@ P = "boundedcode_gateway_"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def scrape(gw: Gateway) -> Samples:
-    resp = httpx.get(gw.url + "/metrics", timeout=10)
+def scrape(gw: Gateway, key: str | None = None) -> Samples:
+    """``/metrics``, with an admin ``key`` where the gateway has ``auth:``."""
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    resp = httpx.get(gw.url + "/metrics", headers=headers, timeout=10)
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("text/plain")
     out: Samples = {}

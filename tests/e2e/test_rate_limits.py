@@ -14,7 +14,11 @@ import httpx
 
 from tests.e2e.conftest import Gateway, GatewayFactory, Upstreams
 from tests.e2e.test_budgets import HI, key, post, start
+from tests.e2e.test_operations import P, by_name, scrape
 from tests.fakes.common import Reply
+
+# reads /metrics
+ADMIN = {**key("ops"), "admin": True}
 
 
 def limited(name: str, **limits: Any) -> dict[str, Any]:
@@ -31,7 +35,7 @@ def message(gw: Gateway, name: str) -> httpx.Response:
 def test_a_call_over_a_requests_window_is_told_when_it_fits_in_its_fronts_words(
     upstreams: Upstreams, start_gateway: GatewayFactory
 ) -> None:
-    keys = [limited("ci", requests={"limit": 2, "window_s": 60})]
+    keys = [limited("ci", requests={"limit": 2, "window_s": 60}), ADMIN]
     gw = start(start_gateway, upstreams, keys)
     upstreams.openai.queue(Reply(content="one"), Reply(content="two"))
     assert [post(gw, "ci").status_code for _ in range(2)] == [200, 200]
@@ -50,6 +54,8 @@ def test_a_call_over_a_requests_window_is_told_when_it_fits_in_its_fronts_words(
     assert 1 <= int(anthropic.headers["retry-after"]) <= 90
     refused = [c for c in gw.calls() if c["error_code"] == "rate_limit_exceeded"]
     assert len(refused) == 2 and all(c["attempts"] == 0 for c in refused)
+    counted = by_name(scrape(gw, "ops"), P + "rate_limited_calls_total", "limit")
+    assert counted == {"window": 2, "in_flight": 0}
 
 
 def test_a_full_tokens_window_refuses_the_tasks_next_call_until_it_empties(
@@ -79,7 +85,7 @@ def test_a_caller_capped_below_a_profiles_places_never_holds_more_and_others_get
     gw = start(
         start_gateway,
         upstreams,
-        [key("a"), key("b")],
+        [key("a"), key("b"), ADMIN],
         rate_limits={
             "profiles": {"gpt": {"in_flight": 2, "in_flight_per_caller": 1}},
             "max_waiting": 2,
@@ -137,3 +143,5 @@ def test_a_caller_capped_below_a_profiles_places_never_holds_more_and_others_get
     assert full.status_code == 429 and full.headers["retry-after"] == "1"
     assert "found 2 calls already waiting" in full.json()["error"]["message"]
     assert sorted(results) == [200, 200, 200]
+    assert by_name(scrape(gw, "ops"), P + "rate_limited_calls_total", "limit")["in_flight"] == 1
+    assert by_name(scrape(gw, "ops"), P + "limited_calls_in_flight", "holder")["profile"] == 0

@@ -15,6 +15,7 @@ import pytest
 
 from tests.e2e.conftest import GatewayFactory, Upstreams
 from tests.e2e.test_budgets import key, post, start
+from tests.e2e.test_operations import P, by_name, scrape
 from tests.fakes.common import Reply
 from tests.fakes.tcp_proxy import TcpProxy
 from tests.postgres_db import SERVER_PORT, PgDatabase
@@ -114,7 +115,7 @@ def test_a_budgets_database_that_does_not_answer_refuses_or_lets_calls_through(
         gw = start(
             start_gateway,
             upstreams,
-            [key("ci", {"max_tokens": 10**9})],
+            [key("ci", {"max_tokens": 10**9}), {**key("ops"), "admin": True}],
             ledger=pg.url_at(proxy.port),
             budgets={"when_store_down": when_down},
         )
@@ -125,9 +126,15 @@ def test_a_budgets_database_that_does_not_answer_refuses_or_lets_calls_through(
         answer = post(gw, "ci")
         assert answer.status_code == status, answer.text
         assert time.monotonic() - started < 10
+        found = scrape(gw, "ops")
         if status == 503:
             assert answer.json()["error"]["code"] == "budget_store_unavailable"
             assert answer.headers["retry-after"] == "1"
+            assert found[(P + "budgets_database_up", frozenset())] == 0
+            failed = by_name(found, P + "budgets_unavailable_operations_total", "operation")
+            assert failed["reserve"] >= 1
+        else:
+            assert found[(P + "budgets_unreserved_calls_total", frozenset())] == 1
         proxy.restore()
         deadline = time.monotonic() + 30
         while post(gw, "ci").status_code != 200:

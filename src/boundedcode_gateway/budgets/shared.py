@@ -185,6 +185,8 @@ class SharedBudgets:
         clock: Clock = utc_now,
     ) -> None:
         pool.serve(LIVE_BUDGETS)
+        # its health and what went without it, for the metrics
+        self.database = pool
         self._pool = pool
         self.task_budget = task_budget
         self.fail_open = fail_open

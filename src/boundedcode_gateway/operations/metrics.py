@@ -27,10 +27,14 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from boundedcode_gateway.budgets.shared import OPERATIONS as BUDGET_OPERATIONS
+from boundedcode_gateway.budgets.shared import SharedBudgets
+from boundedcode_gateway.limits.limiter import CallLimits
 from boundedcode_gateway.live_config import Route
 from boundedcode_gateway.metering.records import OWN_RECORD_PURPOSES, CallRecord
 from boundedcode_gateway.metering.writer import MeterWriter
 from boundedcode_gateway.policy.cache_misses import REPAIR_PURPOSE
+from boundedcode_gateway.state.database import OPERATIONS as STATE_OPERATIONS
 
 PREFIX = "boundedcode_gateway"
 OTHER = "other"
@@ -119,6 +123,8 @@ class GatewayMetrics:
         writer: MeterWriter,
         events: PageViewers | None = None,
         state: StateHealth | None = None,
+        limits: CallLimits | None = None,
+        budgets: SharedBudgets | None = None,
     ) -> None:
         self._routes = routes
         self.registry = CollectorRegistry()
@@ -173,7 +179,7 @@ class GatewayMetrics:
             ["result"],
             registry=r,
         )
-        r.register(_StateCollector(routes, writer, events, state))
+        r.register(_StateCollector(routes, writer, events, state, limits, budgets))
         self._series: dict[tuple[str, str], _Series] = {}
         self._codes: set[str] = set()
 
@@ -259,11 +265,68 @@ class _StateCollector(Collector):
         writer: MeterWriter,
         events: PageViewers | None,
         state: StateHealth | None,
+        limits: CallLimits | None = None,
+        budgets: SharedBudgets | None = None,
     ) -> None:
         self._routes = routes
         self._writer = writer
         self._events = events
         self._state = state
+        self._call_limits = limits
+        self._budgets = budgets
+
+    def _limits(self) -> Iterable[Metric]:
+        """The rate and concurrency limits' refusals and places, the shared budgets'
+        database and the calls sent unreserved while it was away."""
+        limits = self._call_limits
+        if limits is not None:
+            refused = CounterMetricFamily(
+                f"{PREFIX}_rate_limited_calls",
+                "Calls refused by a rate limit (window: requests or tokens in a window; "
+                "in_flight: no place in time, or the queue full)",
+                labels=["limit"],
+            )
+            refused.add_metric(["window"], limits.counts.rate_refused)
+            refused.add_metric(["in_flight"], limits.counts.in_flight_refused)
+            yield refused
+            held = GaugeMetricFamily(
+                f"{PREFIX}_limited_calls_in_flight",
+                "Calls holding a place of a concurrency limit, by the kind of holder",
+                labels=["holder"],
+            )
+            waiting = GaugeMetricFamily(
+                f"{PREFIX}_limited_calls_waiting",
+                "Calls waiting for a place of a concurrency limit, by the kind of holder",
+                labels=["holder"],
+            )
+            for kind in ("caller", "task", "profile"):
+                places = [p for h, p in limits.in_flight.items() if h[0] == kind]
+                held.add_metric([kind], sum(p.in_flight for p in places))
+                waiting.add_metric([kind], sum(p.waiting for p in places))
+            yield held
+            yield waiting
+        budgets = self._budgets
+        if budgets is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_budgets_database_up",
+                "1 while the database of the budgets several gateways share answers",
+                value=1 if budgets.database.up else 0,
+            )
+            unavailable = CounterMetricFamily(
+                f"{PREFIX}_budgets_unavailable_operations",
+                "Reservations (reserve) and renewals (renew) that went without the budgets' "
+                "database",
+                labels=["operation"],
+            )
+            for operation in BUDGET_OPERATIONS:
+                unavailable.add_metric([operation], budgets.database.unavailable.get(operation, 0))
+            yield unavailable
+            yield CounterMetricFamily(
+                f"{PREFIX}_budgets_unreserved_calls",
+                "Calls sent without a reservation while the budgets' database did not answer "
+                "(budgets.when_store_down: fail_open)",
+                value=budgets.unreserved,
+            )
 
     def _slot_files(self) -> Iterable[Metric]:
         """The slot files' counts per profile, and the store's size."""
@@ -363,9 +426,10 @@ class _StateCollector(Collector):
                 "tried during an outage): read_reasoning, write_reasoning, history, sweep",
                 labels=["operation"],
             )
-            for operation, count in state.unavailable.items():
-                unavailable.add_metric([operation], count)
+            for operation in STATE_OPERATIONS:
+                unavailable.add_metric([operation], state.unavailable.get(operation, 0))
             yield unavailable
+        yield from self._limits()
         events = self._events
         if events is not None:
             yield GaugeMetricFamily(
