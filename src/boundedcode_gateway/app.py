@@ -33,6 +33,7 @@ from boundedcode_gateway.fronts.registry import fronts_by_path
 from boundedcode_gateway.fronts.sealing import Sealer, key_id, read_ring
 from boundedcode_gateway.ingress.routes import Router
 from boundedcode_gateway.limits.limiter import CallLimits
+from boundedcode_gateway.limits.shared import SharedWindows
 from boundedcode_gateway.live_config import (
     Route,
     RouteChanges,
@@ -149,7 +150,13 @@ class GatewayApp:
                 self.budgets = BudgetBook(config.budgets.task)
         # rate and concurrency limits: made whatever the configuration says, so that a
         # reload may add them (a call with none to meet costs a few lookups)
-        self.limits = CallLimits(config.rate_limits, key_rate_limits(config))
+        shared = config.database_location
+        ledger = config.ledger_location
+        if shared is None and isinstance(ledger, PostgresLocation):
+            shared = ledger
+        # counted in the database gateways share, where there is one
+        windows = SharedWindows(self._database(shared)) if shared is not None else None
+        self.limits = CallLimits(config.rate_limits, key_rate_limits(config), windows)
         # what the budgets spent before this process: the ledger, unless nothing is written
         self.spend_store: SpendStore | None = (
             LedgerSpendStore(config.ledger_location) if config.metering.enabled else None
@@ -254,6 +261,7 @@ class GatewayApp:
         await self._prepare_ledger()
         await self._open_state()
         await self._open_budgets()
+        await self._open_databases()
         self.bus.start()
         self.writer.start()
         self._sweeping = [asyncio.create_task(sweeper.run()) for sweeper in self.sweepers]
@@ -273,6 +281,17 @@ class GatewayApp:
             raise RuntimeError(
                 f"cannot open the ledger {describe(location)}: {explain(location, exc)}"
             ) from None
+
+    async def _open_databases(self) -> None:
+        """The databases not opened yet by the task state or the budgets (the rate limits'
+        windows): one that cannot be reached or migrated stops start-up."""
+        for location, pool in self.databases.items():
+            try:
+                await pool.open()
+            except Exception as exc:
+                raise RuntimeError(
+                    f"cannot open the database {describe(location)}: {explain(location, exc)}"
+                ) from None
 
     async def _open_state(self) -> None:
         """A state database that cannot be reached or migrated stops start-up, as the

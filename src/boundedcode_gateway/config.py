@@ -289,6 +289,9 @@ class RateLimitsSettings(_Strict):
     max_waiting: int = Field(default=256, ge=0)
     # the longest a call waits for a place before it is refused
     max_wait_s: float = Field(default=30.0, gt=0)
+    # windows several gateways share (a PostgreSQL database) when it does not answer:
+    # admit calls uncounted (the default: a rate is not money), or refuse them
+    when_store_down: Literal["fail_closed", "fail_open"] = "fail_open"
 
     @property
     def configured(self) -> bool:

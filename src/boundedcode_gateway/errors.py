@@ -211,6 +211,15 @@ class BudgetStoreUnavailable(GatewayError):
     default_code = "budget_store_unavailable"
 
 
+class RateStoreUnavailable(GatewayError):
+    """The database the rate limits of several gateways are counted in did not answer,
+    and they fail closed: the call is not sent (it may be tried again shortly)."""
+
+    status = 503
+    error_type = "server_error"
+    default_code = "rate_limit_store_unavailable"
+
+
 class RateLimited(GatewayError):
     """A call over a rate limit (requests or tokens in a window), or one that found no
     place within a concurrency limit's wait: to be sent again after ``Retry-After``.

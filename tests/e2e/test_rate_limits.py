@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.e2e.conftest import Gateway, GatewayFactory, Upstreams
 from tests.e2e.test_budgets import HI, key, post, start
 from tests.e2e.test_operations import P, by_name, scrape
 from tests.fakes.common import Reply
+from tests.fakes.tcp_proxy import TcpProxy
+from tests.postgres_db import SERVER_PORT, PgDatabase
 
 # reads /metrics
 ADMIN = {**key("ops"), "admin": True}
@@ -145,3 +149,93 @@ def test_a_caller_capped_below_a_profiles_places_never_holds_more_and_others_get
     assert sorted(results) == [200, 200, 200]
     assert by_name(scrape(gw, "ops"), P + "rate_limited_calls_total", "limit")["in_flight"] == 1
     assert by_name(scrape(gw, "ops"), P + "limited_calls_in_flight", "holder")["profile"] == 0
+
+
+def test_gateways_sharing_a_database_count_a_callers_requests_together(
+    pg: PgDatabase, upstreams: Upstreams, start_gateway: GatewayFactory
+) -> None:
+    keys = [limited("ci", requests={"limit": 3, "window_s": 60})]
+    gateways = [start(start_gateway, upstreams, keys, database=pg.url) for _ in range(2)]
+    upstreams.openai.queue(*[Reply(content="ok") for _ in range(3)])
+    statuses = [post(gateways[n % 2], "ci").status_code for n in range(4)]
+    assert statuses == [200, 200, 200, 429]  # the fourth over the three both counted
+    rows = pg.fetch("SELECT current, previous FROM rate_windows WHERE name = 'ci'")
+    assert [(r["current"] + r["previous"]) for r in rows] == [3]
+
+
+def test_calls_at_once_on_gateways_sharing_a_database_never_pass_the_window_together(
+    pg: PgDatabase, upstreams: Upstreams, start_gateway: GatewayFactory
+) -> None:
+    keys = [limited("ci", requests={"limit": 5, "window_s": 600})]
+    gateways = [start(start_gateway, upstreams, keys, database=pg.url) for _ in range(2)]
+    upstreams.openai.queue(*[Reply(content="ok") for _ in range(20)])
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def send(n: int) -> None:
+        status = post(gateways[n % 2], "ci").status_code
+        with lock:
+            statuses.append(status)
+
+    threads = [threading.Thread(target=send, args=(n,)) for n in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    # each window's row is locked while a call reads and writes it: none is lost
+    assert sorted(statuses) == [200] * 5 + [429] * 15
+
+
+def test_gateways_sharing_a_database_add_each_calls_tokens_to_the_tasks_window(
+    pg: PgDatabase, upstreams: Upstreams, start_gateway: GatewayFactory
+) -> None:
+    limits = {"per_task": {"tokens": {"limit": 5, "window_s": 600}}}
+    gateways = [
+        start(start_gateway, upstreams, [key("ci")], database=pg.url, rate_limits=limits)
+        for _ in range(2)
+    ]
+    upstreams.openai.queue(Reply(content="some words to count"))
+    assert post(gateways[0], "ci", task="t").status_code == 200
+    deadline = time.monotonic() + 10
+    while True:  # settled off the call's path
+        rows = pg.fetch("SELECT current FROM rate_windows WHERE name = 't'")
+        if rows and rows[0]["current"] > 0:
+            break
+        assert time.monotonic() < deadline, "the call's tokens were not counted"
+        time.sleep(0.05)
+    over = post(gateways[1], "ci", task="t")  # the other gateway sees the window full
+    assert over.status_code == 429 and over.json()["error"]["type"] == "tokens"
+
+
+@pytest.mark.parametrize(("when_down", "status"), [("fail_open", 200), ("fail_closed", 503)])
+def test_a_rate_limits_database_that_does_not_answer_lets_calls_through_or_refuses_them(
+    pg: PgDatabase,
+    upstreams: Upstreams,
+    start_gateway: GatewayFactory,
+    tmp_path: Path,
+    when_down: str,
+    status: int,
+) -> None:
+    proxy = TcpProxy(target_port=SERVER_PORT).start()
+    try:
+        gw = start(
+            start_gateway,
+            upstreams,
+            [limited("ci", requests={"limit": 100}), ADMIN],
+            database=pg.url_at(proxy.port),
+            ledger=f"sqlite:///{tmp_path / 'ledger.db'}",
+            rate_limits={"when_store_down": when_down},
+        )
+        upstreams.openai.queue(*[Reply(content="ok") for _ in range(3)])
+        assert post(gw, "ci").status_code == 200
+        proxy.cut()
+        answer = post(gw, "ci")
+        assert answer.status_code == status, answer.text
+        if status == 503:
+            assert answer.json()["error"]["code"] == "rate_limit_store_unavailable"
+            assert answer.headers["retry-after"] == "1"
+        else:
+            assert gw.app.limits.counts.uncounted == 1
+        proxy.restore()
+    finally:
+        proxy.stop()

@@ -17,21 +17,33 @@ slot saves) counts toward no limit.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.config import RateLimitSettings, RateLimitsSettings, WindowSettings
-from boundedcode_gateway.errors import RateLimited
+from boundedcode_gateway.database.pool import DatabaseUnavailable
+from boundedcode_gateway.errors import RateLimited, RateStoreUnavailable
 from boundedcode_gateway.limits.in_flight import InFlightLimit, QueueFull, Ticket, WaitedTooLong
-from boundedcode_gateway.limits.windows import WindowCount, WindowLimit, admit, settle
+from boundedcode_gateway.limits.windows import (
+    Admission,
+    WindowCount,
+    WindowLimit,
+    admit,
+    settle,
+)
 from boundedcode_gateway.lru import IdleLru
 from boundedcode_gateway.metering.records import CallRecord
 
 # (holder kind, its name): "caller", "task" or "profile"
 Holder = tuple[str, str]
+# (holder kind, its name, the metric): one window
+WindowKey = tuple[str, str, str]
 # the windows kept, all holders together; the least recently used goes first
 MAX_WINDOWS = 100_000
 # a refused call that found no place waits this long before it is sent again
@@ -39,12 +51,54 @@ IN_FLIGHT_RETRY_AFTER_S = 1
 _METRICS = ("requests", "tokens", "evaluated_tokens")
 
 
+class WindowStore(Protocol):
+    """Where the windows are counted: this process (``LocalWindows``), or a database
+    several gateways share (``shared.SharedWindows``)."""
+
+    async def admit(self, asks: Sequence[tuple[WindowKey, WindowLimit, int]]) -> list[Admission]:
+        """Each ask's verdict, in order; counted in every window only where all fit."""
+        ...
+
+    async def settle(
+        self, key: WindowKey, limit: WindowLimit, actual: int, counted_in: float
+    ) -> None:
+        """Add what a call spent to the window it started in."""
+        ...
+
+
+class LocalWindows:
+    """The windows of this process alone."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._windows: IdleLru[WindowKey, WindowCount] = IdleLru(MAX_WINDOWS)
+
+    async def admit(self, asks: Sequence[tuple[WindowKey, WindowLimit, int]]) -> list[Admission]:
+        now = self._clock()
+        verdicts = [
+            admit(self._windows.get(key) or WindowCount(), limit, now, amount)
+            for key, limit, amount in asks
+        ]
+        if all(v.allowed for v in verdicts):
+            for (key, _, _), verdict in zip(asks, verdicts, strict=True):
+                self._windows.put(key, verdict.state)
+        return verdicts
+
+    async def settle(
+        self, key: WindowKey, limit: WindowLimit, actual: int, counted_in: float
+    ) -> None:
+        state = self._windows.get(key)
+        if state is not None:
+            after = settle(state, limit, self._clock(), 0, actual, counted_in=counted_in)
+            self._windows.put(key, after)
+
+
 @dataclass(slots=True)
 class _Held:
     """What an admitted call holds until its record is published: the token windows it
     is to be counted in (and the window each was in when it started), its places."""
 
-    windows: list[tuple[tuple[Holder, str], WindowLimit, float]]
+    windows: list[tuple[WindowKey, WindowLimit, float]]
     tickets: list[Ticket]
 
 
@@ -54,6 +108,8 @@ class LimitCounts:
 
     rate_refused: int = 0
     in_flight_refused: int = 0
+    # calls admitted uncounted while the shared windows' database did not answer
+    uncounted: int = 0
 
 
 class CallLimits:
@@ -63,11 +119,11 @@ class CallLimits:
         self,
         settings: RateLimitsSettings,
         key_limits: dict[str, RateLimitSettings] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        windows: WindowStore | None = None,
     ) -> None:
-        self._clock = clock
         self.counts = LimitCounts()
-        self._windows: IdleLru[tuple[Holder, str], WindowCount] = IdleLru(MAX_WINDOWS)
+        self.windows: WindowStore = windows if windows is not None else LocalWindows()
+        self._settling: set[asyncio.Task[None]] = set()
         self._places: dict[Holder, InFlightLimit] = {}
         self._held: dict[str, _Held] = {}
         self.use(settings, key_limits or {})
@@ -103,31 +159,16 @@ class CallLimits:
         limits = self.limits_of(ctx, profile)
         if not limits:
             return
-        now = self._clock()
-        held = _Held([], [])
-        admitted: list[tuple[tuple[Holder, str], WindowCount]] = []
-        waits: list[tuple[float, str, str]] = []
-        for holder, settings in limits:
+        asks: list[tuple[WindowKey, WindowLimit, int]] = []
+        for (kind, name), settings in limits:
             for metric in _METRICS:
                 window: WindowSettings | None = getattr(settings, metric)
-                if window is None:
-                    continue
-                limit = WindowLimit(window.limit, window.window_s)
-                key = (holder, metric)
-                state = self._windows.get(key) or WindowCount()
-                verdict = admit(state, limit, now, 1 if metric == "requests" else 0)
-                if not verdict.allowed:
-                    wait = verdict.retry_after_s
-                    waits.append((math.inf if wait is None else wait, metric, _name(holder)))
-                    continue
-                admitted.append((key, verdict.state))
-                if metric != "requests":
-                    held.windows.append((key, limit, verdict.state.start))
-        if waits:
-            self.counts.rate_refused += 1
-            raise _over_rate(waits)
-        for key, state in admitted:
-            self._windows.put(key, state)
+                if window is not None:
+                    limit = WindowLimit(window.limit, window.window_s)
+                    asks.append(((kind, name, metric), limit, 1 if metric == "requests" else 0))
+        held = _Held([], [])
+        if asks:
+            await self._admit_windows(asks, held)
         try:
             for holder, settings in limits:
                 await self._take_places(ctx, holder, settings, held)
@@ -136,6 +177,34 @@ class CallLimits:
                 ticket.release()
             raise
         self._held[ctx.call_id] = held
+
+    async def _admit_windows(
+        self, asks: list[tuple[WindowKey, WindowLimit, int]], held: _Held
+    ) -> None:
+        try:
+            verdicts = await self.windows.admit(asks)
+        except DatabaseUnavailable:
+            if self.settings.when_store_down == "fail_closed":
+                error = RateStoreUnavailable(
+                    "The rate limits' database is not answering, and rate limits do not let "
+                    "calls through uncounted (rate_limits.when_store_down: fail_closed). "
+                    "The call was not sent; try again shortly."
+                )
+                error.headers["Retry-After"] = "1"
+                raise error from None
+            self.counts.uncounted += 1
+            return
+        waits = [
+            (math.inf if v.retry_after_s is None else v.retry_after_s, key[2], _name(key[:2]))
+            for (key, _, _), v in zip(asks, verdicts, strict=True)
+            if not v.allowed
+        ]
+        if waits:
+            self.counts.rate_refused += 1
+            raise _over_rate(waits)
+        for (key, limit, _), verdict in zip(asks, verdicts, strict=True):
+            if key[2] != "requests":
+                held.windows.append((key, limit, verdict.state.start))
 
     async def _take_places(
         self, ctx: CallContext, holder: Holder, settings: RateLimitSettings, held: _Held
@@ -194,18 +263,28 @@ class CallLimits:
         held = self._held.pop(record.call_id, None)
         if held is None:
             return
-        now = self._clock()
+        for ticket in held.tickets:
+            ticket.release()
+        if not held.windows:
+            return
         spent = {
             "tokens": (record.prompt_tokens or 0) + (record.completion_tokens or 0),
             "evaluated_tokens": record.evaluated_tokens or 0,
         }
+        # off the call's path: a shared window's row is written in a transaction
+        task = asyncio.get_running_loop().create_task(self._settle(held, spent))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _settle(self, held: _Held, spent: dict[str, int]) -> None:
         for key, limit, started in held.windows:
-            state = self._windows.get(key)
-            if state is not None:
-                actual = spent[key[1]]
-                self._windows.put(key, settle(state, limit, now, 0, actual, counted_in=started))
-        for ticket in held.tickets:
-            ticket.release()
+            with contextlib.suppress(DatabaseUnavailable):
+                await self.windows.settle(key, limit, spent[key[2]], started)
+
+    async def settled(self) -> None:
+        """Wait for the settlements under way (tests; a stop)."""
+        if self._settling:
+            await asyncio.gather(*self._settling, return_exceptions=True)
 
     @property
     def in_flight(self) -> dict[Holder, InFlightLimit]:

@@ -289,6 +289,12 @@ class _StateCollector(Collector):
             refused.add_metric(["window"], limits.counts.rate_refused)
             refused.add_metric(["in_flight"], limits.counts.in_flight_refused)
             yield refused
+            yield CounterMetricFamily(
+                f"{PREFIX}_rate_limits_uncounted_calls",
+                "Calls admitted uncounted while the rate limits' shared database did not "
+                "answer (rate_limits.when_store_down: fail_open)",
+                value=limits.counts.uncounted,
+            )
             held = GaugeMetricFamily(
                 f"{PREFIX}_limited_calls_in_flight",
                 "Calls holding a place of a concurrency limit, by the kind of holder",
