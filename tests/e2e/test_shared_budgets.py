@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from boundedcode_gateway.cli.budgets import run_budgets
 from tests.e2e.conftest import GatewayFactory, Upstreams
 from tests.e2e.test_budgets import key, post, start
 from tests.e2e.test_operations import P, by_name, scrape
@@ -142,3 +143,33 @@ def test_a_budgets_database_that_does_not_answer_refuses_or_lets_calls_through(
             time.sleep(0.5)
     finally:
         proxy.stop()
+
+
+def test_the_budgets_command_shows_what_calls_in_flight_hold(
+    pg: PgDatabase,
+    upstreams: Upstreams,
+    start_gateway: GatewayFactory,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    gw = start(start_gateway, upstreams, [key("ci", {"max_tokens": 100_000})], ledger=pg.url)
+    upstreams.openai.queue(Reply(content="slow", delay_ms=1500))
+    call = threading.Thread(target=post, args=(gw, "ci"), kwargs={"max_tokens": 100})
+    started = time.monotonic()
+    call.start()
+    while not pg.fetch("SELECT call_id FROM budget_reservations"):
+        assert time.monotonic() - started < 5, "the call reserved nothing"
+        time.sleep(0.02)
+    assert run_budgets(gw.app.config) == 0
+    printed = capsys.readouterr().out
+    held_row = printed.splitlines()[1].split()
+    call.join(30)
+    # holder name per limit spent held allowed left: the call holds its prompt's bound
+    # and its cap, and the rest is left
+    assert held_row[:5] == ["caller", "ci", "day", "max_tokens", "0"]
+    held = int(held_row[5].replace(",", ""))
+    assert held > 100 and int(held_row[7].replace(",", "")) == 100_000 - held
+    # held until the call's ledger row is written, then spent
+    assert gw.app.bus.flush(10.0) and gw.app.writer.flush(10.0)
+    assert run_budgets(gw.app.config) == 0
+    after = capsys.readouterr().out.splitlines()[1].split()
+    assert after[5] == "0" and int(after[4].replace(",", "")) > 0

@@ -439,7 +439,7 @@ def test_the_budgets_command_reads_postgresql(
     budget = {"task": {"max_tokens": 10_000, "per": "lifetime"}}
     config = parse_config(config_text(pg.url, tmp_path, budgets=budget))
     assert run_budgets(config) == 0
-    assert "task    task-a  lifetime  max_tokens  1,051" in capsys.readouterr().out
+    assert "task    task-a  lifetime  max_tokens  1,051  0     10,000" in capsys.readouterr().out
     # without the database: an error naming it, no password
     down = parse_config(config_text(pg.url_at(closed_port(), "pw-42"), tmp_path, budgets=budget))
     assert run_budgets(down) == 1

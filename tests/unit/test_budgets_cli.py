@@ -53,12 +53,14 @@ def test_each_limit_of_each_budget_is_a_row_in_its_period(tmp_path: Path) -> Non
         ("task", "b"): HolderSpent(DAY, Spent(0.0, 5, 5), Spent(0.0, 40, 5)),
         ("task", "a"): HolderSpent("2026-02-28", Spent(0.0, 7, 5), Spent(0.0, 70, 5)),
     }
-    assert budget_rows(cfg, spent, DAY) == [
-        ("caller", "ci", "day", "max_cost_usd", "$1.2500", "$5.0000", "$3.7500"),
-        ("caller", "ci", "day", "max_tokens", "1,500", "1,000", "0"),
-        ("caller", "idle", "lifetime", "max_evaluated_tokens", "0", "50", "50"),
-        ("task", "a", "lifetime", "max_tokens", "70", "100", "30"),
-        ("task", "b", "lifetime", "max_tokens", "40", "100", "60"),
+    # what the calls in flight of gateways sharing their budgets hold
+    held = {("caller", "ci"): Spent(0.5, 0, 0), ("task", "b"): Spent(0.0, 20, 0)}
+    assert budget_rows(cfg, spent, DAY, held) == [
+        ("caller", "ci", "day", "max_cost_usd", "$1.2500", "$0.5000", "$5.0000", "$3.2500"),
+        ("caller", "ci", "day", "max_tokens", "1,500", "0", "1,000", "0"),
+        ("caller", "idle", "lifetime", "max_evaluated_tokens", "0", "0", "50", "50"),
+        ("task", "a", "lifetime", "max_tokens", "70", "0", "100", "30"),
+        ("task", "b", "lifetime", "max_tokens", "40", "20", "100", "40"),
     ]
 
 

@@ -36,8 +36,14 @@ from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.config import BudgetPeriod, BudgetSettings
 from boundedcode_gateway.database.migrations import Migration, load_migrations
 from boundedcode_gateway.database.pool import DatabaseUnavailable, PostgresPool, Store
-from boundedcode_gateway.database.postgres import MigrationSet, advisory_lock_key
+from boundedcode_gateway.database.postgres import (
+    MigrationSet,
+    advisory_lock_key,
+    close_connection,
+    connect,
+)
 from boundedcode_gateway.errors import BudgetStoreUnavailable
+from boundedcode_gateway.locations import PostgresLocation
 from boundedcode_gateway.metering.records import CallRecord
 
 log = logging.getLogger(__name__)
@@ -278,3 +284,26 @@ async def _renew(gateway: str, conn: asyncpg.Connection) -> None:
 
 async def _release(gateway: str, conn: asyncpg.Connection) -> None:
     await conn.execute(RELEASE_GATEWAY_SQL, gateway)
+
+
+SELECT_RESERVED_SQL = """
+SELECT kind, name, SUM(cost_usd), SUM(tokens), SUM(evaluated_tokens)
+FROM budget_reservations WHERE expires_at > now() GROUP BY kind, name
+"""
+
+
+async def reserved_in(location: PostgresLocation) -> dict[Holder, Spent]:
+    """What the calls in flight of every gateway hold, per holder (read-only; nothing where
+    no gateway has shared its budgets there yet)."""
+    conn = await connect(location, read_only=True)
+    try:
+        rows = await conn.fetch(SELECT_RESERVED_SQL)
+    except asyncpg.UndefinedTableError:
+        return {}
+    finally:
+        await close_connection(conn)
+    found: dict[Holder, Spent] = {}
+    for kind, name, cost, tokens, evaluated in rows:
+        holder: Holder = ("caller", name) if kind == "caller" else ("task", name)
+        found[holder] = Spent(float(cost), int(tokens), int(evaluated))
+    return found

@@ -6,30 +6,39 @@ Token budgets live in the tokens' claims, not the configuration, so they are not
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
+from boundedcode_gateway.budgets.shared import reserved_in
 from boundedcode_gateway.budgets.spent import Holder, HolderSpent, Spent
 from boundedcode_gateway.budgets.store import LedgerSpendStore
 from boundedcode_gateway.config import BudgetSettings, GatewayConfig
-from boundedcode_gateway.locations import describe, explain
+from boundedcode_gateway.locations import PostgresLocation, describe, explain
 from boundedcode_gateway.metering.ledgers import LEDGER_ERRORS, ledger_exists
 
-HEADER = ("holder", "name", "per", "limit", "spent", "allowed", "left")
+HEADER = ("holder", "name", "per", "limit", "spent", "held", "allowed", "left")
 NO_BUDGETS = "(no budgets configured)"
 COLUMN_GAP = "  "
 
-Row = tuple[str, str, str, str, str, str, str]
+Row = tuple[str, str, str, str, str, str, str, str]
 
 
 def _amount(limit: str, value: float) -> str:
     return f"${value:,.4f}" if limit == "max_cost_usd" else f"{int(value):,}"
 
 
-def budget_rows(config: GatewayConfig, spent: Mapping[Holder, HolderSpent], day: str) -> list[Row]:
+def budget_rows(
+    config: GatewayConfig,
+    spent: Mapping[Holder, HolderSpent],
+    day: str,
+    held: Mapping[Holder, Spent] | None = None,
+) -> list[Row]:
     """One row per limit of each budget: every key's, and the task budget for each task
-    the ledger knows."""
+    the ledger knows; ``held``: what the calls in flight hold, where gateways share their
+    budgets (a gateway alone holds them in its memory)."""
+    held = held or {}
     holders: list[tuple[Holder, BudgetSettings]] = []
     if config.auth is not None:
         holders += [(("caller", k.name), k.budget) for k in config.auth.keys if k.budget]
@@ -39,20 +48,26 @@ def budget_rows(config: GatewayConfig, spent: Mapping[Holder, HolderSpent], day:
         holders += [(("task", name), task_budget) for name in tasks]
     rows: list[Row] = []
     for holder, budget in holders:
-        held = spent.get(holder)
+        found = spent.get(holder)
         used = (
             Spent()
-            if held is None
-            else (held.lifetime if budget.per == "lifetime" else held.on(day))
+            if found is None
+            else (found.lifetime if budget.per == "lifetime" else found.on(day))
         )
-        for limit, allowed, value in (
-            ("max_cost_usd", budget.max_cost_usd, used.cost_usd),
-            ("max_tokens", budget.max_tokens, used.tokens),
-            ("max_evaluated_tokens", budget.max_evaluated_tokens, used.evaluated_tokens),
+        holding = held.get(holder) or Spent()
+        for limit, allowed, value, reserved in (
+            ("max_cost_usd", budget.max_cost_usd, used.cost_usd, holding.cost_usd),
+            ("max_tokens", budget.max_tokens, used.tokens, holding.tokens),
+            (
+                "max_evaluated_tokens",
+                budget.max_evaluated_tokens,
+                used.evaluated_tokens,
+                holding.evaluated_tokens,
+            ),
         ):
             if allowed is None:
                 continue
-            left = max(0.0, allowed - value)
+            left = max(0.0, allowed - value - reserved)
             rows.append(
                 (
                     holder[0],
@@ -60,6 +75,7 @@ def budget_rows(config: GatewayConfig, spent: Mapping[Holder, HolderSpent], day:
                     budget.per,
                     limit,
                     _amount(limit, value),
+                    _amount(limit, reserved),
                     _amount(limit, allowed),
                     _amount(limit, left),
                 )
@@ -81,13 +97,16 @@ def run_budgets(config: GatewayConfig) -> int:
     """Print each budget's spending today (UTC) or in all, from the ledger."""
     day = datetime.now(UTC).date().isoformat()
     spent: dict[Holder, HolderSpent] = {}
+    held: dict[Holder, Spent] = {}
     ledger = config.ledger_location
     if ledger_exists(ledger):
         try:
             spent = LedgerSpendStore(ledger, read_only=True).spent(day)
+            if isinstance(ledger, PostgresLocation):
+                held = asyncio.run(reserved_in(ledger))
         except LEDGER_ERRORS as exc:
             message = f"cannot read the ledger {describe(ledger)}: {explain(ledger, exc)}"
             print(message, file=sys.stderr)
             return 1
-    print(format_table(budget_rows(config, spent, day)))
+    print(format_table(budget_rows(config, spent, day, held)))
     return 0
