@@ -54,7 +54,10 @@ def test_each_limit_of_each_budget_is_a_row_in_its_period(tmp_path: Path) -> Non
         ("task", "a"): HolderSpent("2026-02-28", Spent(0.0, 7, 5), Spent(0.0, 70, 5)),
     }
     # what the calls in flight of gateways sharing their budgets hold
-    held = {("caller", "ci"): Spent(0.5, 0, 0), ("task", "b"): Spent(0.0, 20, 0)}
+    held: dict[Holder, Spent] = {
+        ("caller", "ci"): Spent(0.5, 0, 0),
+        ("task", "b"): Spent(0.0, 20, 0),
+    }
     assert budget_rows(cfg, spent, DAY, held) == [
         ("caller", "ci", "day", "max_cost_usd", "$1.2500", "$0.5000", "$5.0000", "$3.2500"),
         ("caller", "ci", "day", "max_tokens", "1,500", "0", "1,000", "0"),
