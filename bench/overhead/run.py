@@ -190,13 +190,15 @@ def run(argv: Sequence[str] | None = None) -> int:
         os.sched_setaffinity(0, {load_core})  # the load generator shares the fake's core
     work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
     started: list[procs.Proc] = []
+    env: Env | None = None
     profiled = ""
     load_before = procs.loadavg()
     began = time.monotonic()
     try:
         fake, fake_port = _start_fake(work, load_core)
         started.append(fake)
-        running = _start_targets(names, Env(fake_port, target_core, work), started)
+        env = Env(fake_port, target_core, work)
+        running = _start_targets(names, env, started)
         samples = uvloop.run(_rounds(lanes, running, rounds, log=not opts.smoke))
         if opts.profile:
             lane = next(x for x in full_lanes(seconds) if x.key == opts.profile)
@@ -205,6 +207,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     finally:
         for proc in reversed(started):
             procs.stop(proc)
+        for cleanup in env.cleanups if env is not None else []:
+            cleanup()
         if not opts.keep:
             shutil.rmtree(work, ignore_errors=True)
     load_after = procs.loadavg()

@@ -7,6 +7,7 @@ is reported as missing instead of failing the run.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import shutil
@@ -14,6 +15,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import asyncpg
 
 from bench.overhead import procs
 from bench.overhead.payloads import CLAUDE, MODEL
@@ -53,6 +56,8 @@ class Env:
     fake_port: int
     core: int | None
     work: Path  # a temporary folder for configs, data and logs
+    # what a target made outside the folder (a database), undone at the end of the run
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
 
 
 Starter = Callable[[Env], Running]
@@ -70,13 +75,30 @@ def _direct(env: Env) -> Running:
     )
 
 
+# the targets whose requests carry a caller key the gateway looks up
+WITH_AUTH = ("gateway-auth", "gateway-limits", "gateway-pg", "gateway-limits-pg")
+# limits no request of the run reaches: what is measured is the checking
+LIMITS_LINES = [
+    "budgets:",
+    "  task: {max_tokens: 1000000000000, per: lifetime}",
+    "rate_limits:",
+    "  per_caller: {requests: {limit: 1000000000, window_s: 60}, in_flight: 100000}",
+    "  per_task: {tokens: {limit: 1000000000000, window_s: 60}}",
+    "  max_waiting: 100000",
+]
+# the PostgreSQL server the shared targets keep their ledger, budgets and windows in
+PG_ADMIN_URL = os.environ.get("BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
 def _gateway_config(env: Env, name: str, metering: bool, with_claude: bool) -> Path:
     fake = f"http://127.0.0.1:{env.fake_port}/v1"
     lines = [
         f"data_dir: {env.work / name}",
         *([] if metering else ["metering: false"]),
-        # gateway-auth: every request carries a caller key the gateway looks up
-        *(_auth_lines() if name == "gateway-auth" else []),
+        *([f"database: {_database(env, name)}"] if name.endswith("-pg") else []),
+        *(LIMITS_LINES if name.startswith("gateway-limits") else []),
+        # every request carries a caller key the gateway looks up
+        *(_auth_lines() if name in WITH_AUTH else []),
         "models:",
         f"  {MODEL}:",
         "    provider: openai-compatible",
@@ -117,8 +139,25 @@ def _start_gateway(
     return proc, port
 
 
+def _database(env: Env, name: str) -> str:
+    """A database of its own for target ``name``, dropped at the end of the run."""
+    database = f"bench_{name.replace('-', '_')}_{os.getpid()}"
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+
+    async def admin(statement: str) -> None:
+        conn = await asyncpg.connect(PG_ADMIN_URL, timeout=10)
+        try:
+            await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{database}"'))
+    env.cleanups.append(lambda: asyncio.run(admin(f'DROP DATABASE IF EXISTS "{database}"')))
+    return f"{base}/{database}"
+
+
 def _gateway(env: Env, name: str, metering: bool) -> Running:
-    key = CALLER_KEY if name == "gateway-auth" else "unused"
+    key = CALLER_KEY if name in WITH_AUTH else "unused"
     headers = {"authorization": f"Bearer {key}"}
     openai = Route("/v1/chat/completions", headers, MODEL)
     try:
@@ -223,6 +262,11 @@ STARTERS: dict[str, Starter] = {
     "gateway": lambda env: _gateway(env, "gateway", metering=True),
     "gateway-nometer": lambda env: _gateway(env, "gateway-nometer", metering=False),
     "gateway-auth": lambda env: _gateway(env, "gateway-auth", metering=True),
+    # budgets and rate limits in the gateway's memory; beside gateway-auth
+    "gateway-limits": lambda env: _gateway(env, "gateway-limits", metering=True),
+    # the ledger in PostgreSQL; then the budgets and windows shared there too
+    "gateway-pg": lambda env: _gateway(env, "gateway-pg", metering=True),
+    "gateway-limits-pg": lambda env: _gateway(env, "gateway-limits-pg", metering=True),
     "litellm": _litellm,
     "portkey": _portkey,
 }
