@@ -17,9 +17,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from boundedcode_gateway.budgets.book import Budgets
+from boundedcode_gateway.budgets.view import budget_lines, budgets_of
 from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.call_flow import (
     CallDeadline,
@@ -302,6 +304,21 @@ class GatewayService:
         if route is None or route.fleet is None:
             return None
         return await route.fleet.servers()
+
+    async def limits_view(self) -> dict[str, Any]:
+        """Each budget's limits (spent, held by the calls in flight, left), each rate
+        window's use and each concurrency limit's places: what the page shows."""
+        out: dict[str, Any] = {"budgets": [], "windows": [], "in_flight": []}
+        budgets = self._budgets
+        if budgets is not None:
+            day = datetime.now(UTC).date().isoformat()
+            spent, held = await budgets.snapshot(day)
+            tasks = [name for kind, name in spent if kind == "task"]
+            lines = budget_lines(budgets_of(self.live.config, tasks), spent, day, held)
+            out["budgets"] = [line.to_dict() for line in lines]
+        if self._limits is not None:
+            out.update(await self._limits.view())
+        return out
 
     def slot_files_of(self, model: str) -> dict[str, Any] | None:
         """What the slot files did for a live local profile (None: none, or a cloud API)."""

@@ -239,3 +239,44 @@ def test_a_rate_limits_database_that_does_not_answer_lets_calls_through_or_refus
         proxy.restore()
     finally:
         proxy.stop()
+
+
+def test_the_limits_view_shows_windows_places_and_what_calls_in_flight_hold(
+    upstreams: Upstreams, start_gateway: GatewayFactory
+) -> None:
+    ci = {**limited("ci", requests={"limit": 10}, in_flight=1), "budget": {"max_tokens": 10**6}}
+    gw = start(start_gateway, upstreams, [ci, ADMIN])
+    upstreams.openai.queue(Reply(content="slow", delay_ms=1500))
+    call = threading.Thread(target=post, args=(gw, "ci"), kwargs={"max_tokens": 100})
+    call.start()
+
+    def view() -> dict[str, Any]:
+        headers = {"Authorization": "Bearer ops"}
+        answer = httpx.get(gw.url + "/ui/api/limits", headers=headers, timeout=10)
+        assert answer.status_code == 200, answer.text
+        found: dict[str, Any] = answer.json()
+        return found
+
+    deadline = time.monotonic() + 10
+    while not (seen := view())["in_flight"] or seen["in_flight"][0]["in_flight"] == 0:
+        assert time.monotonic() < deadline, "the call never held its place"
+        time.sleep(0.05)
+    assert seen["in_flight"] == [
+        {
+            "holder": "caller",
+            "name": "ci",
+            "in_flight": 1,
+            "waiting": 0,
+            "limit": 1,
+            "per_caller": None,
+        }
+    ]
+    (requests,) = seen["windows"]
+    assert (requests["name"], requests["metric"], requests["limit"]) == ("ci", "requests", 10)
+    assert requests["used"] == 1
+    (budget,) = seen["budgets"]
+    assert budget["held"] > 100 and budget["left"] == 10**6 - budget["spent"] - budget["held"]
+    call.join(30)
+    assert gw.app.bus.flush(10)
+    after = view()
+    assert after["in_flight"][0]["in_flight"] == 0 and after["budgets"][0]["held"] == 0

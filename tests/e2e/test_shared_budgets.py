@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 from boundedcode_gateway.cli.budgets import run_budgets
@@ -173,3 +174,31 @@ def test_the_budgets_command_shows_what_calls_in_flight_hold(
     assert run_budgets(gw.app.config) == 0
     after = capsys.readouterr().out.splitlines()[1].split()
     assert after[5] == "0" and int(after[4].replace(",", "")) > 0
+
+
+def test_the_limits_view_of_gateways_sharing_a_database_shows_every_gateways_calls(
+    pg: PgDatabase, upstreams: Upstreams, start_gateway: GatewayFactory
+) -> None:
+    keys = [
+        {**key("ci", {"max_tokens": 10**6}), "rate_limits": {"requests": {"limit": 10}}},
+        {**key("ops"), "admin": True},
+    ]
+    first, second = (start(start_gateway, upstreams, keys, database=pg.url) for _ in range(2))
+    upstreams.openai.queue(Reply(content="ok"), Reply(content="slow", delay_ms=1500))
+    assert post(first, "ci", max_tokens=50).status_code == 200
+    assert first.app.bus.flush(10) and first.app.writer.flush(10)
+    call = threading.Thread(target=post, args=(first, "ci"), kwargs={"max_tokens": 100})
+    call.start()
+    deadline = time.monotonic() + 10
+    headers = {"Authorization": "Bearer ops"}
+    while True:  # read through the other gateway
+        seen = httpx.get(second.url + "/ui/api/limits", headers=headers, timeout=10).json()
+        if seen["budgets"] and seen["budgets"][0]["held"] > 0:
+            break
+        assert time.monotonic() < deadline, "the call's reservation was never seen"
+        time.sleep(0.05)
+    call.join(30)
+    (budget,) = seen["budgets"]
+    assert budget["spent"] > 0 and budget["held"] > 100
+    (requests,) = seen["windows"]
+    assert (requests["name"], requests["metric"], requests["used"]) == ("ci", "requests", 2)

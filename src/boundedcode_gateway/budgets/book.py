@@ -45,6 +45,10 @@ class Budgets(Protocol):
         """A call's record was published: what it spent counts, what it held is let go."""
         ...
 
+    async def snapshot(self, day: str) -> tuple[dict[Holder, HolderSpent], dict[Holder, Spent]]:
+        """What each holder spent, and what the calls in flight hold."""
+        ...
+
 
 def budgets_configured(config: GatewayConfig) -> bool:
     """Whether any call can have a budget: a task budget, a key's, or task tokens (whose
@@ -92,6 +96,10 @@ class BudgetBook:
         if held is None:
             return Spent()
         return held.lifetime if per == "lifetime" else held.on(day)
+
+    async def snapshot(self, day: str) -> tuple[dict[Holder, HolderSpent], dict[Holder, Spent]]:
+        """What each holder spent and what the calls in flight hold (the page's view)."""
+        return dict(self._spent), {h: s for h, s in self._reserved.items() if s != Spent()}
 
     def reserved(self, holder: Holder) -> Spent:
         """What the calls in flight hold of ``holder``'s budget."""

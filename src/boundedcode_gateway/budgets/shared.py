@@ -31,7 +31,7 @@ import asyncpg
 from boundedcode_gateway.budgets.book import Clock, utc_now
 from boundedcode_gateway.budgets.limits import Overrun, fitting, refusal
 from boundedcode_gateway.budgets.reservation import Reservation
-from boundedcode_gateway.budgets.spent import Holder, Spent
+from boundedcode_gateway.budgets.spent import Holder, HolderSpent, Spent
 from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.config import BudgetPeriod, BudgetSettings
 from boundedcode_gateway.database.migrations import Migration, load_migrations
@@ -249,6 +249,11 @@ class SharedBudgets:
         work = partial(_read_one, holder, self.today())
         return await self._pool.run("reserve", work)
 
+    async def snapshot(self, day: str) -> tuple[dict[Holder, HolderSpent], dict[Holder, Spent]]:
+        """What each holder spent (on ``day``, in all) and what the calls in flight of every
+        gateway hold (the page's view)."""
+        return await self._pool.run("reserve", partial(_snapshot, day))
+
     async def start(self) -> None:
         """Open the database (its migrations applied) and keep this process's reservations
         alive."""
@@ -307,3 +312,28 @@ async def reserved_in(location: PostgresLocation) -> dict[Holder, Spent]:
         holder: Holder = ("caller", name) if kind == "caller" else ("task", name)
         found[holder] = Spent(float(cost), int(tokens), int(evaluated))
     return found
+
+
+SELECT_SPENT_SQL = (
+    "SELECT kind, name, day, cost_usd, tokens, evaluated_tokens FROM budget_spent "
+    "WHERE day IN ('', $1)"
+)
+
+
+async def _snapshot(
+    day: str, conn: asyncpg.Connection
+) -> tuple[dict[Holder, HolderSpent], dict[Holder, Spent]]:
+    spent: dict[Holder, HolderSpent] = {}
+    for kind, name, on, cost, tokens, evaluated in await conn.fetch(SELECT_SPENT_SQL, day):
+        holder: Holder = ("caller", name) if kind == "caller" else ("task", name)
+        found = spent.setdefault(holder, HolderSpent(day))
+        amount = Spent(float(cost), int(tokens), int(evaluated))
+        if on == "":
+            found.lifetime = amount
+        else:
+            found.today = amount
+    held: dict[Holder, Spent] = {}
+    for kind, name, cost, tokens, evaluated in await conn.fetch(SELECT_RESERVED_SQL):
+        holder = ("caller", name) if kind == "caller" else ("task", name)
+        held[holder] = Spent(float(cost), int(tokens), int(evaluated))
+    return spent, held

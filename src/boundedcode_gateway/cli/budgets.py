@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 from boundedcode_gateway.budgets.shared import reserved_in
 from boundedcode_gateway.budgets.spent import Holder, HolderSpent, Spent
 from boundedcode_gateway.budgets.store import LedgerSpendStore
-from boundedcode_gateway.config import BudgetSettings, GatewayConfig
+from boundedcode_gateway.budgets.view import budget_lines, budgets_of
+from boundedcode_gateway.config import GatewayConfig
 from boundedcode_gateway.locations import PostgresLocation, describe, explain
 from boundedcode_gateway.metering.ledgers import LEDGER_ERRORS, ledger_exists
 
@@ -38,49 +39,20 @@ def budget_rows(
     """One row per limit of each budget: every key's, and the task budget for each task
     the ledger knows; ``held``: what the calls in flight hold, where gateways share their
     budgets (a gateway alone holds them in its memory)."""
-    held = held or {}
-    holders: list[tuple[Holder, BudgetSettings]] = []
-    if config.auth is not None:
-        holders += [(("caller", k.name), k.budget) for k in config.auth.keys if k.budget]
-    task_budget = config.budgets.task
-    if task_budget is not None:
-        tasks = sorted(name for kind, name in spent if kind == "task")
-        holders += [(("task", name), task_budget) for name in tasks]
-    rows: list[Row] = []
-    for holder, budget in holders:
-        found = spent.get(holder)
-        used = (
-            Spent()
-            if found is None
-            else (found.lifetime if budget.per == "lifetime" else found.on(day))
+    tasks = [name for kind, name in spent if kind == "task"]
+    return [
+        (
+            line.holder[0],
+            line.holder[1],
+            line.per,
+            line.limit,
+            _amount(line.limit, line.spent),
+            _amount(line.limit, line.held),
+            _amount(line.limit, line.allowed),
+            _amount(line.limit, line.left),
         )
-        holding = held.get(holder) or Spent()
-        for limit, allowed, value, reserved in (
-            ("max_cost_usd", budget.max_cost_usd, used.cost_usd, holding.cost_usd),
-            ("max_tokens", budget.max_tokens, used.tokens, holding.tokens),
-            (
-                "max_evaluated_tokens",
-                budget.max_evaluated_tokens,
-                used.evaluated_tokens,
-                holding.evaluated_tokens,
-            ),
-        ):
-            if allowed is None:
-                continue
-            left = max(0.0, allowed - value - reserved)
-            rows.append(
-                (
-                    holder[0],
-                    holder[1],
-                    budget.per,
-                    limit,
-                    _amount(limit, value),
-                    _amount(limit, reserved),
-                    _amount(limit, allowed),
-                    _amount(limit, left),
-                )
-            )
-    return rows
+        for line in budget_lines(budgets_of(config, tasks), spent, day, held)
+    ]
 
 
 def format_table(rows: list[Row]) -> str:

@@ -36,6 +36,7 @@ from boundedcode_gateway.limits.windows import (
     WindowLimit,
     admit,
     settle,
+    used,
 )
 from boundedcode_gateway.lru import IdleLru
 from boundedcode_gateway.metering.records import CallRecord
@@ -65,6 +66,10 @@ class WindowStore(Protocol):
         """Add what a call spent to the window it started in."""
         ...
 
+    async def counts(self) -> tuple[list[tuple[WindowKey, WindowCount]], float]:
+        """Each window's counts, and the time they are read at (the page's view)."""
+        ...
+
 
 class LocalWindows:
     """The windows of this process alone."""
@@ -72,6 +77,12 @@ class LocalWindows:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._windows: IdleLru[WindowKey, WindowCount] = IdleLru(MAX_WINDOWS)
+
+    async def counts(self) -> tuple[list[tuple[WindowKey, WindowCount]], float]:
+        """Each window's counts, and the time they are read at."""
+        return [(key, self._windows.peek(key) or WindowCount()) for key in self._windows], (
+            self._clock()
+        )
 
     async def admit(self, asks: Sequence[tuple[WindowKey, WindowLimit, int]]) -> list[Admission]:
         now = self._clock()
@@ -285,6 +296,42 @@ class CallLimits:
         """Wait for the settlements under way (tests; a stop)."""
         if self._settling:
             await asyncio.gather(*self._settling, return_exceptions=True)
+
+    async def view(self) -> dict[str, list[dict[str, object]]]:
+        """Each window's use and each concurrency limit's places, as the page shows them
+        (a window no limit of the configuration names any more is left out)."""
+        counted, now = await self.windows.counts()
+        windows: list[dict[str, object]] = []
+        for (kind, name, metric), state in counted:
+            settings = self._settings_of((kind, name))
+            window: WindowSettings | None = (
+                getattr(settings, metric) if settings is not None else None
+            )
+            if window is None:
+                continue
+            limit = WindowLimit(window.limit, window.window_s)
+            windows.append(
+                {
+                    "holder": kind,
+                    "name": name,
+                    "metric": metric,
+                    "used": round(used(state, limit, now), 3),
+                    "limit": window.limit,
+                    "window_s": window.window_s,
+                }
+            )
+        places: list[dict[str, object]] = [
+            {
+                "holder": kind,
+                "name": name,
+                "in_flight": limit.in_flight,
+                "waiting": limit.waiting,
+                "limit": limit.limit,
+                "per_caller": limit.per_holder,
+            }
+            for (kind, name), limit in self._places.items()
+        ]
+        return {"windows": windows, "in_flight": places}
 
     @property
     def in_flight(self) -> dict[Holder, InFlightLimit]:

@@ -140,5 +140,24 @@ class SharedWindows:
     ) -> None:
         await self.database.run("rate_settle", partial(_settle, key, limit, actual, counted_in))
 
+    async def counts(self) -> tuple[list[tuple[WindowKey, WindowCount]], float]:
+        """The windows touched lately (at most ``VIEW_ROWS``), and the database's time."""
+        return await self.database.run("rate_admit", _counts)
+
     async def sweep(self) -> None:
         await self.database.run("rate_settle", _sweep)
+
+
+# the most windows the page is shown
+VIEW_ROWS = 1000
+COUNTS_SQL = (
+    "SELECT kind, name, metric, start, current, previous, extract(epoch FROM now())::float8 "
+    "FROM rate_windows ORDER BY touched_at DESC LIMIT $1"
+)
+
+
+async def _counts(conn: asyncpg.Connection) -> tuple[list[tuple[WindowKey, WindowCount]], float]:
+    rows = await conn.fetch(COUNTS_SQL, VIEW_ROWS)
+    now = float(rows[0][6]) if rows else 0.0
+    found = [((r[0], r[1], r[2]), WindowCount(float(r[3]), int(r[4]), int(r[5]))) for r in rows]
+    return found, now

@@ -157,6 +157,8 @@ class UiRoutes:
             out = await self._tasks(query)
         elif name == "models":
             out = await self._models()
+        elif name == "limits":
+            out = await self._service.limits_view()
         else:
             raise NotFound(f"no such endpoint: /ui/api/{name[:100]}")
         await send_json(send, 200, orjson.dumps(out), _PAGE_HEADERS[1:])
