@@ -1397,6 +1397,57 @@
     },
   };
 
+  // ---------------------------------------------------------------- Limits
+
+  const limitsView = {
+    errors: errors("limits"),
+    timer: null,
+    last: "",
+
+    show() {
+      this.last = "";
+      this.load();
+      this.timer = setInterval(() => this.load(), MODELS_EVERY_MS);
+    },
+
+    hide() {
+      clearInterval(this.timer);
+    },
+
+    async load() {
+      let answer;
+      try {
+        answer = await getJSON("api/limits");
+        this.errors.clear("limits");
+      } catch (err) {
+        this.errors.show("limits", "The limits could not be read", err);
+        return;
+      }
+      const text = JSON.stringify(answer);
+      if (text === this.last) return;
+      this.last = text;
+      const amount = (limit, x) => (limit === "max_cost_usd" ? fmt.usd(x) : fmt.tokens(x));
+      this.table("budgets", answer.budgets, (b) => [
+        b.holder, b.name, b.per, b.limit,
+        amount(b.limit, b.spent), amount(b.limit, b.held), amount(b.limit, b.allowed), amount(b.limit, b.left),
+      ], (b) => ({ holder: b.holder, name: b.name, limit: b.limit, left: b.left <= 0 ? "none" : "some" }));
+      this.table("windows", answer.windows, (w) => [
+        w.holder, w.name, w.metric, fmt.tokens(Math.round(w.used)), fmt.tokens(w.limit), `${w.window_s} s`,
+      ], (w) => ({ holder: w.holder, name: w.name, metric: w.metric, full: w.used >= w.limit ? "yes" : "no" }));
+      this.table("in-flight", answer.in_flight, (f) => [
+        f.holder, f.name, String(f.in_flight), String(f.waiting), String(f.limit), f.per_caller === null ? "–" : String(f.per_caller),
+      ], (f) => ({ holder: f.holder, name: f.name }));
+    },
+
+    table(name, rows, cells, data) {
+      const table = byId(`limits-${name}`);
+      byId(`limits-${name}-empty`).hidden = rows.length > 0;
+      table.hidden = rows.length === 0;
+      const body = clear(table.querySelector("tbody"));
+      for (const row of rows) body.append(h("tr", { data: data(row) }, cells(row).map((c) => h("td", {}, c))));
+    },
+  };
+
   function capabilityList(caps) {
     return h(
       "ul",
@@ -1485,7 +1536,14 @@
 
   // ---------------------------------------------------------------- the views, by hash
 
-  const VIEWS = { live: liveView, task: taskView, calls: callsView, call: callView, models: modelsView };
+  const VIEWS = {
+    live: liveView,
+    task: taskView,
+    calls: callsView,
+    call: callView,
+    models: modelsView,
+    limits: limitsView,
+  };
   let current = null;
 
   function route() {
