@@ -1,7 +1,7 @@
 -- A call's reservation in one statement (budgets/shared.py): the holders locked, their
 -- sums and the live reservations read, the call judged and its reservations written,
--- all on the database, so that a call waits for one round trip instead of a
--- transaction's four.
+-- all on the database, so that a call waits for one round trip instead of one per step
+-- of a transaction (its start, a lock per holder, the read, the insert, the commit).
 
 -- limits.fitting for one holder, to the bit: the same float8 operations in the same
 -- order (each limit's left is allowed - spent - reserved, counts converted to float8 as

@@ -1,6 +1,7 @@
 -- A call's windows admitted in one statement (limits/shared.py): the rows made to exist,
 -- locked, judged and written on the database, so that a call waits for one round trip
--- instead of a transaction's five.
+-- instead of one per step of a transaction (its start, the rows made, the lock and
+-- read, the write, the commit).
 
 -- windows.admit for one window, to the bit: the same float8 operations in the same
 -- order (rolled, _previous_weight, _fits). Python's round() of a float and PostgreSQL's
