@@ -440,7 +440,8 @@ def test_a_restarted_serve_process_refuses_a_spent_task_and_the_cli_shows_it(
     served = [c for c in read_calls(tmp_path / "data" / "calls.jsonl") if c["status"] == "ok"]
     tokens = served[0]["prompt_tokens"] + served[0]["completion_tokens"]
     assert row[:4] == ["task", "spent", "lifetime", "max_tokens"]
-    assert row[4:] == [f"{tokens:,}", "5", "0"]
+    # spent, held by calls in flight (none), allowed, left
+    assert row[4:] == [f"{tokens:,}", "0", "5", "0"]
 
 
 def run_cli(*args: str) -> str:

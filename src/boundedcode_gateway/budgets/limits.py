@@ -68,14 +68,26 @@ def fitting(
     for limit, allowed in _limits(budget):
         if allowed is None:
             continue
-        used, holding, wanted = _of(spent, limit), _of(reserved, limit), _of(ask, limit)
-        left = allowed - used - holding
+        left = allowed - _of(spent, limit) - _of(reserved, limit)
+        wanted = _of(ask, limit)
         if left <= 0 or (hard and wanted > left):
-            asked = wanted if left > 0 else None
-            found.append(Overrun(holder, budget, limit, allowed, used, holding, asked))
+            found.append(overrun(holder, budget, limit, spent, reserved, ask))
         elif wanted > left:
             _hold_at_most(held, limit, left)
     return found or held
+
+
+def overrun(
+    holder: Holder, budget: BudgetSettings, limit: str, spent: Spent, reserved: Spent, ask: Spent
+) -> Overrun:
+    """The overrun of ``limit`` (a BudgetSettings field that ``budget`` sets) as ``fitting``
+    reports it."""
+    allowed = dict(_limits(budget))[limit]
+    if allowed is None:
+        raise ValueError(f"the budget sets no {limit}")
+    used, holding, wanted = _of(spent, limit), _of(reserved, limit), _of(ask, limit)
+    left = allowed - used - holding
+    return Overrun(holder, budget, limit, allowed, used, holding, wanted if left > 0 else None)
 
 
 def _hold_at_most(held: Spent, limit: str, left: float) -> None:

@@ -3,8 +3,15 @@
 A call reserves what it may spend (``reservation.py``) in ``budget_reservations``, under
 an advisory lock per holder, against what the holder spent (``budget_spent``) and what
 the calls in flight of every gateway hold; the same verdict as one gateway's book
-(``limits.fitting``). It settles when its row reaches the ledger: a trigger there adds
-the row to its holders' sums and deletes its reservation in the insert's transaction
+(``limits.fitting``). One statement does it all, one round trip on the call's path: the
+database function ``budget_reserve`` (``migrations/postgresql/0002_budget_reserve.sql``)
+locks, reads, judges with ``fitting``'s arithmetic to the bit, and writes the
+reservations only where every holder has room. It returns the state it judged, on
+which ``fitting`` words the refusal; should the two verdicts ever differ, the
+database's stands (it decided what was written), and that is logged once.
+
+A call settles when its row reaches the ledger: a trigger there adds the row to its
+holders' sums and deletes its reservation in the insert's transaction
 (``migrations/postgresql/0001_live_budgets.sql``), so a call is counted exactly once,
 and only what the ledger holds is spent. A gateway renews its reservations while it
 lives; those of a gateway that died expire (``RESERVATION_TTL_S``) and stop counting.
@@ -29,7 +36,7 @@ from functools import partial
 import asyncpg
 
 from boundedcode_gateway.budgets.book import Clock, utc_now
-from boundedcode_gateway.budgets.limits import Overrun, fitting, refusal
+from boundedcode_gateway.budgets.limits import Overrun, fitting, overrun, refusal
 from boundedcode_gateway.budgets.reservation import Reservation
 from boundedcode_gateway.budgets.spent import Holder, HolderSpent, Spent
 from boundedcode_gateway.call_context import CallContext
@@ -53,6 +60,8 @@ RESERVATION_TTL_S = 120.0
 RENEW_EVERY_S = RESERVATION_TTL_S / 4
 # what each operation is counted as (metric labels)
 OPERATIONS = ("reserve", "renew")
+# whether a verdict of the database that fitting disagrees with was logged (once)
+_warned = False
 
 
 def load_budget_migrations() -> list[Migration]:
@@ -83,14 +92,10 @@ LEFT JOIN LATERAL (
 ) r ON true
 ORDER BY h.n
 """
-INSERT_RESERVATIONS_SQL = """
-INSERT INTO budget_reservations
-    (call_id, kind, name, cost_usd, tokens, evaluated_tokens, gateway, expires_at)
-SELECT $1, kind, name, cost_usd, tokens, evaluated_tokens, $7,
-       now() + make_interval(secs => $8)
-FROM unnest($2::text[], $3::text[], $4::float8[], $5::bigint[], $6::bigint[])
-    AS r(kind, name, cost_usd, tokens, evaluated_tokens)
-"""
+# one call's reservation, judged and written by the database (0002_budget_reserve.sql)
+RESERVE_SQL = (
+    "SELECT * FROM budget_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+)
 RENEW_SQL = (
     "UPDATE budget_reservations SET expires_at = now() + make_interval(secs => $2) "
     "WHERE gateway = $1"
@@ -139,44 +144,71 @@ async def _reserve(
     day: str,
     conn: asyncpg.Connection,
 ) -> list[Overrun] | None:
-    """One transaction: each holder locked (in one order, so two calls never wait on each
-    other), read, judged; the reservations written only where every holder has room."""
+    """One statement (``budget_reserve``): each holder locked (in one order, so two calls
+    never wait on each other), read, judged; the reservations written only where every
+    holder has room. The refusal is ``fitting``'s, on the state the database judged."""
     holders = [holder for holder, _ in budgets]
-    keys = sorted({advisory_lock_key(f"budget:{kind}:{name}") for kind, name in holders})
-    async with conn.transaction():
-        # before the read: a statement sees what was committed when it began
-        for key in keys:
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", key)
-        states = await read_holders(conn, holders, day)
-        found: list[Overrun] = []
-        held: list[tuple[Holder, Spent]] = []
-        for (holder, budget), state in zip(budgets, states, strict=True):
-            fits = fitting(
-                holder,
-                budget,
-                state.spent(budget.per),
-                state.reserved,
-                reservation.amount,
-                hard=reservation.hard,
-            )
-            if isinstance(fits, list):
-                found += fits
-            else:
-                held.append((holder, fits))
-        if found:
-            return found
-        await conn.execute(
-            INSERT_RESERVATIONS_SQL,
-            call_id,
-            [h[0] for h, _ in held],
-            [h[1] for h, _ in held],
-            [a.cost_usd for _, a in held],
-            [a.tokens for _, a in held],
-            [a.evaluated_tokens for _, a in held],
-            gateway,
-            RESERVATION_TTL_S,
+    ask = reservation.amount
+    rows = await conn.fetch(
+        RESERVE_SQL,
+        call_id,
+        gateway,
+        RESERVATION_TTL_S,
+        day,
+        [advisory_lock_key(f"budget:{kind}:{name}") for kind, name in holders],
+        [kind for kind, _ in holders],
+        [name for _, name in holders],
+        [budget.per == "lifetime" for _, budget in budgets],
+        [budget.max_cost_usd for _, budget in budgets],
+        [budget.max_tokens for _, budget in budgets],
+        [budget.max_evaluated_tokens for _, budget in budgets],
+        ask.cost_usd,
+        ask.tokens,
+        ask.evaluated_tokens,
+        reservation.hard,
+    )
+    states = [_state(row) for row in rows]
+    found: list[Overrun] = []
+    agreed = True
+    for (holder, budget), state, row in zip(budgets, states, rows, strict=True):
+        fits = fitting(
+            holder, budget, state.spent(budget.per), state.reserved, ask, hard=reservation.hard
         )
-    return None
+        if isinstance(fits, list):
+            found += fits
+            agreed = agreed and [over.limit for over in fits] == row["over"]
+        elif row["over"]:
+            agreed = False
+        elif row["reserved"]:
+            held = Spent(row["held_cost"], row["held_tokens"], row["held_evaluated"])
+            agreed = agreed and held == fits
+    reserved: bool = rows[0]["reserved"]
+    if agreed and reserved != bool(found):
+        return found or None
+    _disagreed(holders, reservation)
+    if reserved:
+        return None
+    # refused on the database's word alone: the limits it found no room in
+    return found or [
+        overrun(holder, budget, limit, state.spent(budget.per), state.reserved, ask)
+        for (holder, budget), state, row in zip(budgets, states, rows, strict=True)
+        for limit in row["over"]
+    ]
+
+
+def _disagreed(holders: Sequence[Holder], reservation: Reservation) -> None:
+    """The database's verdict and ``fitting``'s on the state it returned differ: the two
+    are the same arithmetic, so this is a bug; said once per process, and the database's
+    verdict, which decided what was written, stands."""
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning(
+            "budgets: the database's verdict on a reservation of %s for %s differs from "
+            "the gateway's on the same state; the database's stands (said once)",
+            reservation,
+            holders,
+        )
 
 
 class SharedBudgets:

@@ -2,10 +2,15 @@
 the ledger's): the same rule as one gateway's (``windows.py``), applied to rows that every
 gateway's calls count in.
 
-A call's windows are read and written in one transaction, their rows locked in one
-order (so two calls never wait on each other), the time the database's own, so the
-gateways' clocks need not agree. A call is admitted in all of its windows or in none.
-What a call spent is settled in the window it started in once it ends, off the call's
+A call's windows are admitted in one statement, one round trip on the call's path: the
+database function ``rate_admit`` (``migrations/postgresql/0002_rate_admit.sql``) makes
+their rows exist, locks them in one order (so two calls never wait on each other),
+judges each with ``windows.admit``'s arithmetic to the bit by the database's own
+clock, so the gateways' clocks need not agree, and writes them only where all are
+allowed: a call is admitted in all of its windows or in none. It returns the states it
+judged and its time, on which ``admit`` works out each refusal's wait; should the two
+verdicts ever differ, the database's stands (it decided what was written), and that is
+logged once. What a call spent is settled in the window it started in once it ends, off the call's
 path. When the database does not answer, ``rate_limits.when_store_down`` decides:
 ``fail_open`` (the default) admits the call uncounted, ``fail_closed`` refuses it.
 """
@@ -26,6 +31,7 @@ from boundedcode_gateway.limits.windows import (
     WindowCount,
     WindowLimit,
     admit,
+    rolled,
     settle,
 )
 
@@ -37,6 +43,8 @@ WindowKey = tuple[str, str, str]
 OPERATIONS = ("rate_admit", "rate_settle")
 # rows no call has touched for this long are deleted (the longest window is a day)
 STALE_AFTER_S = 2 * 86_400
+# whether a verdict of the database that admit disagrees with was logged (once)
+_warned = False
 
 
 def load_rate_migrations() -> list[Migration]:
@@ -50,12 +58,9 @@ RATE_WINDOWS = Store(
     "rate limits act as rate_limits.when_store_down says",
 )
 
-ENSURE_SQL = """
-INSERT INTO rate_windows (kind, name, metric, start, current, previous)
-SELECT kind, name, metric, 0, 0, 0
-FROM unnest($1::text[], $2::text[], $3::text[]) AS k(kind, name, metric)
-ON CONFLICT (kind, name, metric) DO NOTHING
-"""
+# one call's windows, judged and written by the database (0002_rate_admit.sql)
+ADMIT_SQL = "SELECT * FROM rate_admit($1, $2, $3, $4, $5, $6)"
+# settling a window: its row locked, then written
 LOCK_SQL = """
 SELECT w.start, w.current, w.previous, extract(epoch FROM now())::float8
 FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(kind, name, metric, n)
@@ -80,28 +85,56 @@ def _columns(keys: Sequence[WindowKey]) -> tuple[list[str], list[str], list[str]
 async def _admit(
     asks: Sequence[tuple[WindowKey, WindowLimit, int]], conn: asyncpg.Connection
 ) -> list[Admission]:
-    # locked in one order whatever the call's: sorted keys
-    order = sorted(range(len(asks)), key=lambda i: asks[i][0])
-    keys = [asks[i][0] for i in order]
-    async with conn.transaction():
-        await conn.execute(ENSURE_SQL, *_columns(keys))
-        rows = await conn.fetch(LOCK_SQL, *_columns(keys))
-        verdicts: list[Admission | None] = [None] * len(asks)
-        for i, row in zip(order, rows, strict=True):
-            _, limit, amount = asks[i]
-            state = WindowCount(float(row[0]), int(row[1]), int(row[2]))
-            verdicts[i] = admit(state, limit, float(row[3]), amount)
-        found = [v for v in verdicts if v is not None]
-        if all(v.allowed for v in found):
-            states = [found[i].state for i in order]
-            await conn.execute(
-                WRITE_SQL,
-                *_columns(keys),
-                [s.start for s in states],
-                [s.current for s in states],
-                [s.previous for s in states],
-            )
-    return found
+    """One statement (``rate_admit``): the rows made to exist, locked in one order (so two
+    calls never wait on each other), judged, written only where all are allowed. Each
+    verdict is ``admit``'s on the state the database judged, at its time."""
+    keys = [key for key, _, _ in asks]
+    rows = await conn.fetch(
+        ADMIT_SQL,
+        *_columns(keys),
+        [limit.limit for _, limit, _ in asks],
+        [limit.window_s for _, limit, _ in asks],
+        [amount for _, _, amount in asks],
+    )
+    verdicts: list[Admission] = []
+    agreed = True
+    for (_, limit, amount), row in zip(asks, rows, strict=True):
+        seen = WindowCount(row["seen_start"], row["seen_current"], row["seen_previous"])
+        verdict = admit(seen, limit, row["now_s"], amount)
+        if verdict.allowed != row["allowed"]:
+            agreed = False
+            verdict = _as_decided(seen, limit, row["now_s"], amount, row["allowed"])
+        verdicts.append(verdict)
+    if not agreed or rows[0]["admitted"] != all(v.allowed for v in verdicts):
+        _disagreed(keys)
+    return verdicts
+
+
+def _as_decided(
+    seen: WindowCount, limit: WindowLimit, now: float, amount: int, allowed: bool
+) -> Admission:
+    """The database's verdict on one window where ``admit`` differs: the state it counted
+    in; or a refusal that fits again at once (the two differ only at the edge of room)."""
+    if allowed:
+        counted = rolled(seen, limit, now)
+        return Admission(
+            True, WindowCount(counted.start, counted.current + amount, counted.previous)
+        )
+    return Admission(False, seen, None if amount > limit.limit else 0.0)
+
+
+def _disagreed(keys: Sequence[WindowKey]) -> None:
+    """The database's verdict and ``admit``'s on the state it returned differ: the two are
+    the same arithmetic, so this is a bug; said once per process, and the database's
+    verdict, which decided what was written, stands."""
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning(
+            "rate limits: the database's verdict on the windows %s differs from the "
+            "gateway's on the same state; the database's stands (said once)",
+            keys,
+        )
 
 
 async def _settle(
