@@ -152,7 +152,8 @@ class GatewayApp:
         # reload may add them (a call with none to meet costs a few lookups)
         shared = config.database_location
         ledger = config.ledger_location
-        if shared is None and isinstance(ledger, PostgresLocation):
+        if shared is None and config.metering.enabled and isinstance(ledger, PostgresLocation):
+            # the ledger's database, where the ledger is written: not asked otherwise
             shared = ledger
         # counted in the database gateways share, where there is one
         windows = SharedWindows(self._database(shared)) if shared is not None else None
