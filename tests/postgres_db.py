@@ -106,7 +106,8 @@ def _drop(name: str) -> None:
             "WHERE datname = $1 AND pid <> pg_backend_pid()",
             name,
         )
-        await _admin(f'DROP DATABASE IF EXISTS "{name}"')
+        # FORCE: a backend told to end above may not have ended yet (PostgreSQL 13+)
+        await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     run_async(drop)
 

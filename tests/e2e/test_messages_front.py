@@ -730,10 +730,18 @@ def test_count_tokens_is_held_to_the_calls_task_scope_and_budget(
     with pytest.raises(anthropic.PermissionDeniedError):
         other.messages.create(max_tokens=10, **params)
     assert tokenizing(upstreams) == tokenized  # the refused count reached no server
-    # a budget spent by a call refuses the count that follows
+    # a budget spent by a call refuses the count that follows: a call without max_tokens
+    # (a Messages call always has one, and one whose prompt and cap do not fit in the
+    # 10 tokens left would be refused before it spent them)
     upstreams.llama.queue(Reply(content="ok"))
     spender = sdk(gw, api_key=None, auth_token=spent)
-    spender.messages.create(max_tokens=50, **params)
+    answer = httpx.post(
+        gw.url + "/v1/chat/completions",
+        json={"model": "local", "messages": ASK},
+        headers={"Authorization": f"Bearer {spent}"},
+        timeout=30,
+    )
+    assert answer.status_code == 200, answer.text
     gw.settle()
     tokenized = tokenizing(upstreams)
     with pytest.raises(anthropic.RateLimitError) as over:
