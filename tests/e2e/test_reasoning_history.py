@@ -11,6 +11,7 @@ import yaml
 
 from boundedcode_gateway.app import create_app
 from boundedcode_gateway.config import parse_config
+from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from tests.e2e.conftest import Gateway, GatewayFactory, Upstreams
 from tests.fakes.common import Reply
 from tests.fakes.server import serve_in_thread
@@ -67,6 +68,10 @@ def test_restored_reasoning_keeps_the_cache(gateway: Gateway, upstreams: Upstrea
     # so every turn after the first evaluates only what is new
     for call in calls[1:]:
         assert call["evaluated_tokens"] < 40, calls
+    # each item's line reaches its file in the background, after the answer
+    store = gateway.app.reasoning
+    assert isinstance(store, ReasoningStore)
+    store.flush()
     items = (gateway.data_dir / "tasks" / "warm" / "local-replay.jsonl").read_text().splitlines()
     assert len(items) == 4
 

@@ -266,6 +266,11 @@ class ReasoningStore:
             self._items.pop(task)
         return removed
 
+    def flush(self, timeout_s: float = 10.0) -> None:
+        """Wait until the lines queued so far are in their files (a reader of the files
+        from outside the process: tests, a backup)."""
+        self._running_appender().run(lambda: None).result(timeout_s)
+
     def _running_appender(self) -> _Appender:
         with self._appender_lock:
             if self._appender is None:
