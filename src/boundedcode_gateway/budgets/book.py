@@ -30,6 +30,19 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def call_budgets(
+    ctx: CallContext, task_budget: BudgetSettings | None
+) -> list[tuple[Holder, BudgetSettings]]:
+    """The budgets a call is held to: its caller's, its task's."""
+    found: list[tuple[Holder, BudgetSettings]] = []
+    caller = ctx.caller
+    if caller is not None and caller.budget is not None:
+        found.append((("caller", caller.name), caller.budget))
+    if task_budget is not None:
+        found.append((("task", ctx.task), task_budget))
+    return found
+
+
 class Budgets(Protocol):
     """The budgets the service holds calls to: one gateway's book, or those several
     gateways share (``shared.py``)."""
@@ -105,16 +118,6 @@ class BudgetBook:
         """What the calls in flight hold of ``holder``'s budget."""
         return self._reserved.get(holder) or Spent()
 
-    def budgets_of(self, ctx: CallContext) -> list[tuple[Holder, BudgetSettings]]:
-        """The budgets a call is held to: its caller's, its task's."""
-        found: list[tuple[Holder, BudgetSettings]] = []
-        caller = ctx.caller
-        if caller is not None and caller.budget is not None:
-            found.append((("caller", caller.name), caller.budget))
-        if self.task_budget is not None:
-            found.append((("task", ctx.task), self.task_budget))
-        return found
-
     async def admit(self, ctx: CallContext, reservation: Reservation | None) -> None:
         """``reserve``, or ``check`` for a call that spends nothing (``Budgets``)."""
         if reservation is None:
@@ -131,7 +134,7 @@ class BudgetBook:
     def reserve(self, ctx: CallContext, reservation: Reservation) -> None:
         """Hold what the call may spend of each of its budgets until its record is counted,
         or refuse it (``BudgetExceeded``), holding nothing."""
-        budgets = self.budgets_of(ctx)
+        budgets = call_budgets(ctx, self.task_budget)
         if not budgets:
             return
         now = self.clock()

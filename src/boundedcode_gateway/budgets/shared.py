@@ -35,7 +35,7 @@ from functools import partial
 
 import asyncpg
 
-from boundedcode_gateway.budgets.book import Clock, utc_now
+from boundedcode_gateway.budgets.book import Clock, call_budgets, utc_now
 from boundedcode_gateway.budgets.limits import Overrun, fitting, overrun, refusal
 from boundedcode_gateway.budgets.reservation import Reservation
 from boundedcode_gateway.budgets.spent import Holder, HolderSpent, Spent
@@ -238,20 +238,10 @@ class SharedBudgets:
     def today(self) -> str:
         return self.clock().date().isoformat()
 
-    def budgets_of(self, ctx: CallContext) -> list[tuple[Holder, BudgetSettings]]:
-        """The budgets a call is held to: its caller's, its task's."""
-        found: list[tuple[Holder, BudgetSettings]] = []
-        caller = ctx.caller
-        if caller is not None and caller.budget is not None:
-            found.append((("caller", caller.name), caller.budget))
-        if self.task_budget is not None:
-            found.append((("task", ctx.task), self.task_budget))
-        return found
-
     async def admit(self, ctx: CallContext, reservation: Reservation | None) -> None:
         """Hold ``reservation`` of the call's budgets in the database (None: a count of
         tokens, which holds nothing and needs only something left), or refuse the call."""
-        budgets = self.budgets_of(ctx)
+        budgets = call_budgets(ctx, self.task_budget)
         if not budgets:
             return
         now: datetime = self.clock()

@@ -1344,33 +1344,46 @@
 
   // ---------------------------------------------------------------- Models
 
-  const modelsView = {
-    errors: errors("models"),
-    timer: null,
-    last: "",
+  /** A view that reads one endpoint every MODELS_EVERY_MS while shown, and draws what
+   * it answers only when that changed: ``render(answer)`` on the view. */
+  function polledView(name, what, view) {
+    return Object.assign(
+      {
+        errors: errors(name),
+        timer: null,
+        last: "",
 
-    show() {
-      this.last = "";
-      this.load();
-      this.timer = setInterval(() => this.load(), MODELS_EVERY_MS);
-    },
+        show() {
+          this.last = "";
+          this.load();
+          this.timer = setInterval(() => this.load(), MODELS_EVERY_MS);
+        },
 
-    hide() {
-      clearInterval(this.timer);
-    },
+        hide() {
+          clearInterval(this.timer);
+        },
 
-    async load() {
-      let answer;
-      try {
-        answer = await getJSON("api/models");
-        this.errors.clear("models");
-      } catch (err) {
-        this.errors.show("models", "The models could not be read", err);
-        return;
-      }
-      const text = JSON.stringify(answer);
-      if (text === this.last) return;
-      this.last = text;
+        async load() {
+          let answer;
+          try {
+            answer = await getJSON(`api/${name}`);
+            this.errors.clear(name);
+          } catch (err) {
+            this.errors.show(name, `The ${what} could not be read`, err);
+            return;
+          }
+          const text = JSON.stringify(answer);
+          if (text === this.last) return;
+          this.last = text;
+          this.render(answer);
+        },
+      },
+      view,
+    );
+  }
+
+  const modelsView = polledView("models", "models", {
+    render(answer) {
       const box = clear(byId("models"));
       for (const model of answer.models) box.append(this.model(model));
     },
@@ -1395,37 +1408,12 @@
           : h("p", { class: "muted" }, "A cloud API: no server of its own."),
       );
     },
-  };
+  });
 
   // ---------------------------------------------------------------- Limits
 
-  const limitsView = {
-    errors: errors("limits"),
-    timer: null,
-    last: "",
-
-    show() {
-      this.last = "";
-      this.load();
-      this.timer = setInterval(() => this.load(), MODELS_EVERY_MS);
-    },
-
-    hide() {
-      clearInterval(this.timer);
-    },
-
-    async load() {
-      let answer;
-      try {
-        answer = await getJSON("api/limits");
-        this.errors.clear("limits");
-      } catch (err) {
-        this.errors.show("limits", "The limits could not be read", err);
-        return;
-      }
-      const text = JSON.stringify(answer);
-      if (text === this.last) return;
-      this.last = text;
+  const limitsView = polledView("limits", "limits", {
+    render(answer) {
       const amount = (limit, x) => (limit === "max_cost_usd" ? fmt.usd(x) : fmt.tokens(x));
       this.table("budgets", answer.budgets, (b) => [
         b.holder, b.name, b.per, b.limit,
@@ -1446,7 +1434,7 @@
       const body = clear(table.querySelector("tbody"));
       for (const row of rows) body.append(h("tr", { data: data(row) }, cells(row).map((c) => h("td", {}, c))));
     },
-  };
+  });
 
   function capabilityList(caps) {
     return h(
