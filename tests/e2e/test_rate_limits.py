@@ -279,4 +279,5 @@ def test_the_limits_view_shows_windows_places_and_what_calls_in_flight_hold(
     call.join(30)
     assert gw.app.bus.flush(10)
     after = view()
-    assert after["in_flight"][0]["in_flight"] == 0 and after["budgets"][0]["held"] == 0
+    # a limit nobody holds or waits for is let go: the view lists those in use
+    assert after["in_flight"] == [] and after["budgets"][0]["held"] == 0

@@ -110,7 +110,7 @@ class _Held:
     is to be counted in (and the window each was in when it started), its places."""
 
     windows: list[tuple[WindowKey, WindowLimit, float]]
-    tickets: list[Ticket]
+    tickets: list[tuple[Holder, Ticket]]
 
 
 @dataclass(slots=True)
@@ -152,18 +152,11 @@ class CallLimits:
 
     def limits_of(self, ctx: CallContext, profile: str) -> list[tuple[Holder, RateLimitSettings]]:
         """The limits a call is held to, in the order its places are taken."""
-        found: list[tuple[Holder, RateLimitSettings]] = []
-        caller = ctx.caller
-        if caller is not None:
-            own = self._key_limits.get(caller.name) or self.settings.per_caller
-            if own is not None:
-                found.append((("caller", caller.name), own))
-        if self.settings.per_task is not None:
-            found.append((("task", ctx.task), self.settings.per_task))
-        by_profile = self.settings.profiles.get(profile)
-        if by_profile is not None:
-            found.append((("profile", profile), by_profile))
-        return found
+        holders: list[Holder] = [("task", ctx.task), ("profile", profile)]
+        if ctx.caller is not None:
+            holders.insert(0, ("caller", ctx.caller.name))
+        found = [(holder, self._settings_of(holder)) for holder in holders]
+        return [(holder, settings) for holder, settings in found if settings is not None]
 
     async def admit(self, ctx: CallContext, profile: str) -> None:
         """Admit the call or refuse it (``RateLimited``); wait for its places."""
@@ -181,11 +174,10 @@ class CallLimits:
         if asks:
             await self._admit_windows(asks, held)
         try:
-            for holder, settings in limits:
-                await self._take_places(ctx, holder, settings, held)
+            for holder, _ in limits:
+                await self._take_places(ctx, holder, held)
         except BaseException:
-            for ticket in held.tickets:
-                ticket.release()
+            self._release(held)
             raise
         self._held[ctx.call_id] = held
 
@@ -217,15 +209,13 @@ class CallLimits:
             if key[2] != "requests":
                 held.windows.append((key, limit, verdict.state.start))
 
-    async def _take_places(
-        self, ctx: CallContext, holder: Holder, settings: RateLimitSettings, held: _Held
-    ) -> None:
+    async def _take_places(self, ctx: CallContext, holder: Holder, held: _Held) -> None:
         places = self._places_of(holder)
         if places is None:
             return
         caller = ctx.caller.name if ctx.caller is not None else ""
         try:
-            held.tickets.append(await places.acquire(caller))
+            held.tickets.append((holder, await places.acquire(caller)))
         except (QueueFull, WaitedTooLong) as exc:
             self.counts.in_flight_refused += 1
             error = RateLimited(
@@ -274,8 +264,7 @@ class CallLimits:
         held = self._held.pop(record.call_id, None)
         if held is None:
             return
-        for ticket in held.tickets:
-            ticket.release()
+        self._release(held)
         if not held.windows:
             return
         spent = {
@@ -286,6 +275,15 @@ class CallLimits:
         task = asyncio.get_running_loop().create_task(self._settle(held, spent))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
+
+    def _release(self, held: _Held) -> None:
+        """Free a call's places; a limit nobody holds or waits for is let go (a task's,
+        of which there is one per task id), to be made again on its next use."""
+        for holder, ticket in held.tickets:
+            ticket.release()
+            places = self._places.get(holder)
+            if places is not None and places.in_flight == 0 and places.waiting == 0:
+                del self._places[holder]
 
     async def _settle(self, held: _Held, spent: dict[str, int]) -> None:
         for key, limit, started in held.windows:

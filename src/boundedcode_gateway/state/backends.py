@@ -20,7 +20,7 @@ from boundedcode_gateway.providers.registry import REASONING_FILES
 from boundedcode_gateway.reasoning_store.backend import ReasoningBackend
 from boundedcode_gateway.reasoning_store.store import ReasoningStore
 from boundedcode_gateway.state import pg_retention
-from boundedcode_gateway.state.database import TASK_STATE, state_database
+from boundedcode_gateway.state.database import TASK_STATE
 from boundedcode_gateway.state.pg_history import PostgresHistory
 from boundedcode_gateway.state.pg_reasoning import PostgresReasoningStore
 
@@ -122,7 +122,7 @@ def task_state_for(
         return FileTaskState(
             ReasoningStore(config.data_path, REASONING_FILES, *memory), HistoryTracker(*memory)
         )
-    pool = state_database(location) if database is None else database(location)
+    pool = PostgresPool(location) if database is None else database(location)
     pool.serve(TASK_STATE)
     return PostgresTaskState(
         pool, PostgresReasoningStore(pool, *memory), PostgresHistory(pool, *memory)
