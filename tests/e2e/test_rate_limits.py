@@ -11,11 +11,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
+import openai
 import pytest
 
 from tests.e2e.conftest import Gateway, GatewayFactory, Upstreams
-from tests.e2e.test_budgets import HI, key, post, start
+from tests.e2e.test_budgets import HI, client, key, post, start
 from tests.e2e.test_operations import P, by_name, scrape
 from tests.fakes.common import Reply
 from tests.fakes.tcp_proxy import TcpProxy
@@ -281,3 +283,20 @@ def test_the_limits_view_shows_windows_places_and_what_calls_in_flight_hold(
     after = view()
     # a limit nobody holds or waits for is let go: the view lists those in use
     assert after["in_flight"] == [] and after["budgets"][0]["held"] == 0
+
+
+def test_the_sdks_read_a_rate_limit_refusal_as_their_own_rate_limit_error(
+    upstreams: Upstreams, start_gateway: GatewayFactory
+) -> None:
+    gw = start(start_gateway, upstreams, [limited("ci", requests={"limit": 1, "window_s": 60})])
+    upstreams.openai.queue(Reply(content="one"))
+    assert post(gw, "ci").status_code == 200
+    chat = client(gw, "ci", max_retries=0)
+    with pytest.raises(openai.RateLimitError) as refused:
+        chat.chat.completions.create(model="gpt", messages=HI)
+    assert refused.value.code == "rate_limit_exceeded" and refused.value.type == "requests"
+    assert int(refused.value.response.headers["retry-after"]) >= 1
+    messages = anthropic.Anthropic(base_url=gw.url, api_key="ci", max_retries=0)
+    with pytest.raises(anthropic.RateLimitError) as over:
+        messages.messages.create(model="gpt", max_tokens=20, messages=HI)
+    assert int(over.value.response.headers["retry-after"]) >= 1
