@@ -8,7 +8,6 @@ metering and the stores all read these, so they sit below each of them.
 
 from __future__ import annotations
 
-import random
 import re
 import time
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from typing import Any, Literal
 
 from boundedcode_gateway.clock import utc_now_iso
 from boundedcode_gateway.config import BudgetSettings, ReasoningSharing
+from boundedcode_gateway.unique_ids import hex_id
 
 # a task id: a folder's name under the data directory, hence no path separator
 TASK_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -90,9 +90,8 @@ class CallContext:
         front: str = "chat",
         scope: str = TASK_SCOPE,
     ) -> CallContext:
-        # 128 random bits as 32 hex digits, the form uuid4().hex had: ids need to be
-        # unique, not secret, so no system call per id as uuid4 and os.urandom make
-        call_id = f"call_{random.getrandbits(128):032x}"
+        # 32 hex digits, the form uuid4().hex had
+        call_id = f"call_{hex_id()}"
         return cls(
             task,
             purpose,

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
+from boundedcode_gateway.unique_ids import GENERATOR
+
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 8.0
 # failures no resend cures, whatever the upstream kind: the gateway's own way out
@@ -81,7 +83,7 @@ def retry_after_s(headers: Mapping[str, str], now: datetime | None = None) -> fl
 def backoff_s(attempt: int, rng: random.Random | None = None) -> float:
     """Exponential backoff after ``attempt`` failed sends, with up to 25 % jitter off."""
     base: float = min(BACKOFF_BASE_S * 2.0 ** (attempt - 1), BACKOFF_CAP_S)
-    jitter: float = (rng or random).random()
+    jitter: float = (rng or GENERATOR).random()
     return base * (1.0 - 0.25 * jitter)
 
 

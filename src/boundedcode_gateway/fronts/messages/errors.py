@@ -9,13 +9,13 @@ too long: N tokens > M maximum"), which Claude Code reads to compact its history
 
 from __future__ import annotations
 
-import random
 import re
 from typing import Any
 
 import orjson
 
 from boundedcode_gateway.errors import GatewayError, RemoteMediaRefused
+from boundedcode_gateway.unique_ids import base62_id
 
 OVERFLOW_CODE = "context_length_exceeded"
 # the response header Anthropic names each request by (also the error body's request_id)
@@ -99,10 +99,7 @@ def error_body(kind: str, message: str) -> bytes:
 def new_request_id() -> str:
     """An id in the form of Anthropic's ``request_id`` (``req_`` and 24 base-62 digits:
     unique, not secret)."""
-    return "req_" + "".join(random.choices(_BASE62, k=24))
-
-
-_BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+    return "req_" + base62_id(24)
 
 
 # the gateway's wording of a model it does not serve, and of a missing or unknown key
