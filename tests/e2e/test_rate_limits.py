@@ -300,3 +300,46 @@ def test_the_sdks_read_a_rate_limit_refusal_as_their_own_rate_limit_error(
     with pytest.raises(anthropic.RateLimitError) as over:
         messages.messages.create(model="gpt", max_tokens=20, messages=HI)
     assert int(over.value.response.headers["retry-after"]) >= 1
+
+
+def test_with_budgets_and_windows_shared_the_first_refusal_comes_at_once_and_holds_nothing(
+    pg: PgDatabase, upstreams: Upstreams, start_gateway: GatewayFactory
+) -> None:
+    # one place, two requests a window, and a budget that a call capped at 150 tokens
+    # fits in (it reserves some 1,200) but one capped at 1,500 does not
+    caller = {
+        **key("ci", {"max_tokens": 2000, "per": "day"}),
+        "rate_limits": {"requests": {"limit": 2, "window_s": 600}, "in_flight": 1},
+    }
+    gw = start(start_gateway, upstreams, [caller], database=pg.url, metering={"sync": True})
+    upstreams.openai.queue(Reply(content="slow", delay_ms=3000))
+    first: list[int] = []
+    holder = threading.Thread(
+        target=lambda: first.append(post(gw, "ci", max_tokens=150).status_code)
+    )
+    holder.start()
+    deadline = time.monotonic() + 10
+    while not pg.fetch("SELECT 1 FROM budget_reservations"):  # the first call holds its place
+        assert time.monotonic() < deadline, "the first call never started"
+        time.sleep(0.02)
+    # over its budget while the place it would wait for is held: refused at once, not
+    # after waiting for the place
+    began = time.monotonic()
+    over_budget = post(gw, "ci", max_tokens=1500)
+    assert over_budget.status_code == 429, over_budget.text
+    assert over_budget.json()["error"]["code"] == "budget_exceeded"
+    assert time.monotonic() - began < 2.0 and holder.is_alive()
+    # the window counted both: the third call is over it, and the reservation it was
+    # given meanwhile goes with its record
+    over_rate = post(gw, "ci", max_tokens=10)
+    assert over_rate.status_code == 429
+    assert over_rate.json()["error"]["code"] == "rate_limit_exceeded"
+    holder.join(10)
+    assert first == [200]
+    assert pg.fetch("SELECT count(*) AS n FROM budget_reservations")[0]["n"] == 0
+    rows = pg.fetch("SELECT error_code FROM model_calls WHERE caller = 'ci' ORDER BY started_at")
+    assert sorted(str(r["error_code"]) for r in rows) == [
+        "None",
+        "budget_exceeded",
+        "rate_limit_exceeded",
+    ]

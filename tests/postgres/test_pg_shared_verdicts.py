@@ -25,8 +25,16 @@ from boundedcode_gateway.budgets.shared import LIVE_BUDGETS, RESERVE_SQL
 from boundedcode_gateway.budgets.spent import Holder, Spent
 from boundedcode_gateway.config import BudgetPeriod, BudgetSettings
 from boundedcode_gateway.database.postgres import advisory_lock_key, apply_set
-from boundedcode_gateway.limits.shared import ADMIT_SQL, RATE_WINDOWS, WindowKey
-from boundedcode_gateway.limits.windows import WindowCount, WindowLimit, admit, rolled, used
+from boundedcode_gateway.limits.shared import ADMIT_SQL, RATE_WINDOWS, SETTLE_SQL
+from boundedcode_gateway.limits.windows import (
+    WindowCount,
+    WindowKey,
+    WindowLimit,
+    admit,
+    rolled,
+    settle,
+    used,
+)
 from boundedcode_gateway.metering.pg_ledger import LEDGER_MIGRATIONS
 from tests.postgres_db import PgDatabase, run_async
 
@@ -332,6 +340,104 @@ def test_the_databases_window_rule_gives_admits_verdict_to_the_bit(
         # what it keeps where allowed; where refused, the state rolled to now, unwritten
         kept = verdict.state if verdict.allowed else rolled(case.state, case.limit, case.now)
         assert counted == kept, case
+
+
+SETTLE_RULE_SQL = """
+SELECT f.settled_start, f.settled_current, f.settled_previous
+FROM unnest($1::float8[], $2::bigint[], $3::bigint[], $4::float8[], $5::float8[],
+            $6::bigint[], $7::float8[])
+    WITH ORDINALITY AS x(start, current, previous, window_s, now_s, difference, counted_in, n)
+CROSS JOIN LATERAL rate_window_settle(
+    x.start, x.current, x.previous, x.window_s, x.now_s, x.difference, x.counted_in) f
+ORDER BY x.n
+"""
+
+
+@dataclass
+class SettleCase:
+    """One window's state at ``now``, a call admitted in the window that began at
+    ``counted_in`` on ``reserved``, that spent ``actual``."""
+
+    window: WindowCase
+    counted_in: float
+    reserved: int
+    actual: int
+
+
+@st.composite
+def _settle_cases(draw: st.DrawFn) -> SettleCase:
+    window = draw(_window_cases())
+    window_s = window.limit.window_s
+    index = math.floor(window.now / window_s)
+    counted_in = draw(
+        st.one_of(
+            st.sampled_from([0, -1, -2, -3, 1]).map(lambda d: (index + d) * window_s),
+            st.just(window.state.start),
+            st.floats(0, 2.2e9, allow_subnormal=False),
+        )
+    )
+    reserved, actual = draw(WINDOW_COUNTS), draw(WINDOW_COUNTS)
+    return SettleCase(window, counted_in, reserved, actual)
+
+
+@PROPERTY
+@given(cases=st.lists(_settle_cases(), min_size=10, max_size=30))
+def test_the_databases_settlement_gives_settles_state_to_the_bit(
+    pg: PgDatabase, cases: list[SettleCase]
+) -> None:
+    # differences past BIGINT cannot be asked of either
+    cases = [c for c in cases if abs(c.actual - c.reserved) < 2**62]
+
+    async def judge(conn: asyncpg.Connection) -> list[Any]:
+        return list(
+            await conn.fetch(
+                SETTLE_RULE_SQL,
+                [c.window.state.start for c in cases],
+                [c.window.state.current for c in cases],
+                [c.window.state.previous for c in cases],
+                [c.window.limit.window_s for c in cases],
+                [c.window.now for c in cases],
+                [c.actual - c.reserved for c in cases],
+                [c.counted_in for c in cases],
+            )
+        )
+
+    rows = run_async(lambda: _on(pg, judge))
+    assert len(rows) == len(cases)
+    for case, row in zip(cases, rows, strict=True):
+        w = case.window
+        expected = settle(
+            w.state, w.limit, w.now, case.reserved, case.actual, counted_in=case.counted_in
+        )
+        assert WindowCount(row[0], row[1], row[2]) == expected, case
+
+
+def test_rate_settle_writes_the_rows_there_are_and_makes_none(pg: PgDatabase) -> None:
+    # a window long enough not to roll while the test runs
+    limit = WindowLimit(1000, 1e9)
+    start = math.floor(_database_now(pg) / limit.window_s) * limit.window_s
+    state = WindowCount(start, 10, 4)
+
+    async def scenario(conn: asyncpg.Connection) -> list[Any]:
+        await conn.execute("TRUNCATE rate_windows")
+        await conn.execute(INSERT_WINDOW_SQL, "task", "t1", "tokens", start, 10, 4)
+        await conn.execute(
+            SETTLE_SQL,
+            ["task", "caller"],
+            ["t1", "gone"],
+            ["tokens", "tokens"],
+            [limit.window_s, limit.window_s],
+            [25, 25],
+            [start, start],
+        )
+        return list(
+            await conn.fetch("SELECT kind, name, start, current, previous FROM rate_windows")
+        )
+
+    rows = run_async(lambda: _on(pg, scenario))
+    expected = settle(state, limit, start + 1.0, 0, 25, counted_in=start)
+    assert expected == WindowCount(start, 35, 4)
+    assert [tuple(r) for r in rows] == [("task", "t1", start, 35, 4)]
 
 
 @dataclass

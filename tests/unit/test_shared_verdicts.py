@@ -16,8 +16,8 @@ from boundedcode_gateway.budgets.shared import _reserve
 from boundedcode_gateway.budgets.spent import Holder, Spent
 from boundedcode_gateway.config import BudgetSettings
 from boundedcode_gateway.limits import shared as shared_windows
-from boundedcode_gateway.limits.shared import WindowKey, _admit
-from boundedcode_gateway.limits.windows import WindowCount, WindowLimit, admit
+from boundedcode_gateway.limits.shared import _admit
+from boundedcode_gateway.limits.windows import WindowCount, WindowKey, WindowLimit, admit
 
 BUDGET = BudgetSettings(max_tokens=100)
 TASK: Holder = ("task", "t1")

@@ -48,6 +48,8 @@ class Budgets(Protocol):
     gateways share (``shared.py``)."""
 
     task_budget: BudgetSettings | None
+    # whether a call's admission waits on a database (so it is worth overlapping)
+    remote: bool
 
     async def admit(self, ctx: CallContext, reservation: Reservation | None) -> None:
         """Hold ``reservation`` of the call's budgets until its record is counted (None: a
@@ -73,6 +75,8 @@ def budgets_configured(config: GatewayConfig) -> bool:
 
 
 class BudgetBook:
+    remote = False
+
     """Spending per caller and per task (UTC day and lifetime), what the calls in flight
     hold of it, and the budgets' verdict.
 

@@ -44,6 +44,7 @@ from boundedcode_gateway.config import BudgetPeriod, BudgetSettings
 from boundedcode_gateway.database.migrations import Migration, load_migrations
 from boundedcode_gateway.database.pool import DatabaseUnavailable, PostgresPool, Store
 from boundedcode_gateway.database.postgres import (
+    ASYNC_COMMIT,
     MigrationSet,
     advisory_lock_key,
     close_connection,
@@ -94,7 +95,9 @@ ORDER BY h.n
 """
 # one call's reservation, judged and written by the database (0002_budget_reserve.sql)
 RESERVE_SQL = (
-    "SELECT * FROM budget_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+    "SELECT r.* FROM budget_reserve("
+    "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15"
+    f") AS r, {ASYNC_COMMIT}"
 )
 RENEW_SQL = (
     "UPDATE budget_reservations SET expires_at = now() + make_interval(secs => $2) "
@@ -213,6 +216,8 @@ def _disagreed(holders: Sequence[Holder], reservation: Reservation) -> None:
 
 class SharedBudgets:
     """The budgets of the gateways that share one PostgreSQL ledger."""
+
+    remote = True
 
     def __init__(
         self,

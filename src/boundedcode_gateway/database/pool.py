@@ -48,6 +48,13 @@ RELEASE_TIMEOUT_S = 1.0
 RETRY_AFTER_S = 1.0
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """A connection given back is reset no further than asyncpg always does (an open
+    transaction rolled back): the stores leave no session state behind (no ``SET``,
+    ``LISTEN``, cursor or session-level advisory lock), so the reset query would cost
+    every operation a second round trip for nothing."""
+
+
 class DatabaseUnavailable(Exception):
     """The operation went without the database: it failed, or it was not tried this soon
     after a failure."""
@@ -102,6 +109,7 @@ class PostgresPool:
             min_size=POOL_MIN_SIZE,
             max_size=POOL_MAX_SIZE,
             timeout=CONNECT_TIMEOUT_S,
+            reset=_keep_session,
             server_settings={"application_name": APPLICATION_NAME},
         )
         try:

@@ -26,6 +26,16 @@ COMMAND_TIMEOUT_S = 10.0
 # how long closing a connection may take before it is dropped without a goodbye
 CLOSE_TIMEOUT_S = 2.0
 
+# A FROM item that makes the statement's transaction commit without waiting for its
+# write-ahead log to reach the disk (PostgreSQL's synchronous_commit, for this one
+# transaction): for the writes of a call's path that are leases and counters (rate
+# windows, budget reservations), where that wait is most of the statement's time. Such
+# a commit is still atomic and consistent and written within 3 x wal_writer_delay (0.6 s
+# by default); only a crash of the database server in that time forgets it
+# (docs/budgets.md, "Several gateways"). Where in the statement it runs does not matter:
+# the setting is read at the commit.
+ASYNC_COMMIT = "set_config('synchronous_commit', 'off', true)"
+
 LOCK_MIGRATIONS_SQL = "SELECT pg_advisory_xact_lock($1)"
 # the table a set of migrations is recorded in: {table}, a name of the code's own
 CREATE_MIGRATIONS_SQL = (

@@ -32,7 +32,9 @@ from boundedcode_gateway.errors import RateLimited, RateStoreUnavailable
 from boundedcode_gateway.limits.in_flight import InFlightLimit, QueueFull, Ticket, WaitedTooLong
 from boundedcode_gateway.limits.windows import (
     Admission,
+    Settlement,
     WindowCount,
+    WindowKey,
     WindowLimit,
     admit,
     settle,
@@ -43,8 +45,6 @@ from boundedcode_gateway.metering.records import CallRecord
 
 # (holder kind, its name): "caller", "task" or "profile"
 Holder = tuple[str, str]
-# (holder kind, its name, the metric): one window
-WindowKey = tuple[str, str, str]
 # the windows kept, all holders together; the least recently used goes first
 MAX_WINDOWS = 100_000
 # a refused call that found no place waits this long before it is sent again
@@ -56,14 +56,15 @@ class WindowStore(Protocol):
     """Where the windows are counted: this process (``LocalWindows``), or a database
     several gateways share (``shared.SharedWindows``)."""
 
+    # whether an admission waits on a database (so it is worth overlapping)
+    remote: bool
+
     async def admit(self, asks: Sequence[tuple[WindowKey, WindowLimit, int]]) -> list[Admission]:
         """Each ask's verdict, in order; counted in every window only where all fit."""
         ...
 
-    async def settle(
-        self, key: WindowKey, limit: WindowLimit, actual: int, counted_in: float
-    ) -> None:
-        """Add what a call spent to the window it started in."""
+    async def settle(self, spent: Sequence[Settlement]) -> None:
+        """Add what a call spent to each window, in the window it started in."""
         ...
 
     async def counts(self) -> tuple[list[tuple[WindowKey, WindowCount]], float]:
@@ -73,6 +74,8 @@ class WindowStore(Protocol):
 
 class LocalWindows:
     """The windows of this process alone."""
+
+    remote = False
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -95,13 +98,13 @@ class LocalWindows:
                 self._windows.put(key, verdict.state)
         return verdicts
 
-    async def settle(
-        self, key: WindowKey, limit: WindowLimit, actual: int, counted_in: float
-    ) -> None:
-        state = self._windows.get(key)
-        if state is not None:
-            after = settle(state, limit, self._clock(), 0, actual, counted_in=counted_in)
-            self._windows.put(key, after)
+    async def settle(self, spent: Sequence[Settlement]) -> None:
+        now = self._clock()
+        for key, limit, actual, counted_in in spent:
+            state = self._windows.get(key)
+            if state is not None:
+                after = settle(state, limit, now, 0, actual, counted_in=counted_in)
+                self._windows.put(key, after)
 
 
 @dataclass(slots=True)
@@ -286,9 +289,9 @@ class CallLimits:
                 del self._places[holder]
 
     async def _settle(self, held: _Held, spent: dict[str, int]) -> None:
-        for key, limit, started in held.windows:
-            with contextlib.suppress(DatabaseUnavailable):
-                await self.windows.settle(key, limit, spent[key[2]], started)
+        settlements = [(key, limit, spent[key[2]], started) for key, limit, started in held.windows]
+        with contextlib.suppress(DatabaseUnavailable):
+            await self.windows.settle(settlements)
 
     async def settled(self) -> None:
         """Wait for the settlements under way (tests; a stop)."""

@@ -10,9 +10,11 @@ clock, so the gateways' clocks need not agree, and writes them only where all ar
 allowed: a call is admitted in all of its windows or in none. It returns the states it
 judged and its time, on which ``admit`` works out each refusal's wait; should the two
 verdicts ever differ, the database's stands (it decided what was written), and that is
-logged once. What a call spent is settled in the window it started in once it ends, off the call's
-path. When the database does not answer, ``rate_limits.when_store_down`` decides:
-``fail_open`` (the default) admits the call uncounted, ``fail_closed`` refuses it.
+logged once. What a call spent is settled in the windows it started in once it ends,
+off the call's path, in one statement too (``rate_settle``, ``0004_rate_settle.sql``).
+Both commit without waiting for the disk (``postgres.ASYNC_COMMIT``). When the database
+does not answer, ``rate_limits.when_store_down`` decides: ``fail_open`` (the default)
+admits the call uncounted, ``fail_closed`` refuses it.
 """
 
 from __future__ import annotations
@@ -25,20 +27,19 @@ import asyncpg
 
 from boundedcode_gateway.database.migrations import Migration, load_migrations
 from boundedcode_gateway.database.pool import PostgresPool, Store
-from boundedcode_gateway.database.postgres import MigrationSet
+from boundedcode_gateway.database.postgres import ASYNC_COMMIT, MigrationSet
 from boundedcode_gateway.limits.windows import (
     Admission,
+    Settlement,
     WindowCount,
+    WindowKey,
     WindowLimit,
     admit,
     rolled,
-    settle,
 )
 
 log = logging.getLogger(__name__)
 
-# (holder kind, holder name, metric)
-WindowKey = tuple[str, str, str]
 # what each operation is counted as (metric labels)
 OPERATIONS = ("rate_admit", "rate_settle")
 # rows no call has touched for this long are deleted (the longest window is a day)
@@ -59,22 +60,9 @@ RATE_WINDOWS = Store(
 )
 
 # one call's windows, judged and written by the database (0002_rate_admit.sql)
-ADMIT_SQL = "SELECT * FROM rate_admit($1, $2, $3, $4, $5, $6)"
-# settling a window: its row locked, then written
-LOCK_SQL = """
-SELECT w.start, w.current, w.previous, extract(epoch FROM now())::float8
-FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(kind, name, metric, n)
-JOIN rate_windows w USING (kind, name, metric)
-ORDER BY k.n
-FOR UPDATE OF w
-"""
-WRITE_SQL = """
-UPDATE rate_windows AS w
-SET start = s.start, current = s.current, previous = s.previous, touched_at = now()
-FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[], $5::bigint[], $6::bigint[])
-    AS s(kind, name, metric, start, current, previous)
-WHERE w.kind = s.kind AND w.name = s.name AND w.metric = s.metric
-"""
+ADMIT_SQL = f"SELECT a.* FROM rate_admit($1, $2, $3, $4, $5, $6) AS a, {ASYNC_COMMIT}"
+# one call's settlements (0004_rate_settle.sql)
+SETTLE_SQL = f"SELECT rate_settle($1, $2, $3, $4, $5, $6) FROM {ASYNC_COMMIT}"
 SWEEP_SQL = "DELETE FROM rate_windows WHERE touched_at < now() - make_interval(secs => $1)"
 
 
@@ -137,19 +125,16 @@ def _disagreed(keys: Sequence[WindowKey]) -> None:
         )
 
 
-async def _settle(
-    key: WindowKey, limit: WindowLimit, actual: int, counted_in: float, conn: asyncpg.Connection
-) -> None:
-    async with conn.transaction():
-        rows = await conn.fetch(LOCK_SQL, *_columns([key]))
-        if not rows:
-            return
-        row = rows[0]
-        state = WindowCount(float(row[0]), int(row[1]), int(row[2]))
-        after = settle(state, limit, float(row[3]), 0, actual, counted_in=counted_in)
-        await conn.execute(
-            WRITE_SQL, *_columns([key]), [after.start], [after.current], [after.previous]
-        )
+async def _settle(spent: Sequence[Settlement], conn: asyncpg.Connection) -> None:
+    """One statement (``rate_settle``): each window's row locked in ``rate_admit``'s order
+    and written by ``settle``'s arithmetic."""
+    await conn.execute(
+        SETTLE_SQL,
+        *_columns([key for key, _, _, _ in spent]),
+        [limit.window_s for _, limit, _, _ in spent],
+        [actual for _, _, actual, _ in spent],
+        [counted_in for _, _, _, counted_in in spent],
+    )
 
 
 async def _sweep(conn: asyncpg.Connection) -> None:
@@ -158,6 +143,8 @@ async def _sweep(conn: asyncpg.Connection) -> None:
 
 class SharedWindows:
     """The windows of the gateways that share one database."""
+
+    remote = True
 
     def __init__(self, pool: PostgresPool) -> None:
         pool.serve(RATE_WINDOWS)
@@ -168,10 +155,8 @@ class SharedWindows:
         ``DatabaseUnavailable`` when the database did not answer."""
         return await self.database.run("rate_admit", partial(_admit, asks))
 
-    async def settle(
-        self, key: WindowKey, limit: WindowLimit, actual: int, counted_in: float
-    ) -> None:
-        await self.database.run("rate_settle", partial(_settle, key, limit, actual, counted_in))
+    async def settle(self, spent: Sequence[Settlement]) -> None:
+        await self.database.run("rate_settle", partial(_settle, spent))
 
     async def counts(self) -> tuple[list[tuple[WindowKey, WindowCount]], float]:
         """The windows touched lately (at most ``VIEW_ROWS``), and the database's time."""

@@ -38,6 +38,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+# (holder kind, its name, the metric): one window
+WindowKey = tuple[str, str, str]
+
 
 @dataclass(frozen=True, slots=True)
 class WindowLimit:
@@ -64,6 +67,10 @@ class WindowCount:
     start: float = 0.0
     current: int = 0
     previous: int = 0
+
+
+# what a call spent in one window, and the start of the window it was admitted in
+Settlement = tuple[WindowKey, WindowLimit, int, float]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,3 @@
+from bench.limit_store.run import main
+
+main()
