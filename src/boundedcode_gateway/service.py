@@ -16,11 +16,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from boundedcode_gateway.budgets.book import Budgets
+from boundedcode_gateway.budgets.reservation import Reservation
 from boundedcode_gateway.budgets.view import budget_lines, budgets_of
 from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.call_flow import (
@@ -229,7 +230,7 @@ class GatewayService:
         if budgets is not None and body is not None:
             reservation = self.live.reservation_of(model, body)
         if limits is not None and budgets is not None and limits.windows.remote and budgets.remote:
-            await _admitted_at_once(limits.admit(ctx, model), budgets.admit(ctx, reservation))
+            await _admitted_at_once(limits, budgets, ctx, model, reservation)
             return route.upstream
         if limits is not None:
             await limits.admit(ctx, model)
@@ -357,22 +358,27 @@ def _resolved(meter: Meter, route: Route | None) -> None:
         meter.record.upstream_model = route.upstream.upstream_model
 
 
-async def _admitted_at_once(*verdicts: Coroutine[Any, Any, None]) -> None:
-    """The limits' and the budgets' verdicts when both wait on the shared database: asked
-    at once, a call waits one round trip, not two. The first refusal is the answer, and
-    the other question is dropped (a call waiting for a place stops waiting); a refused
-    call is recorded like any other, and its record lets go of what the other held (its
-    reservation, its places, its windows' tokens)."""
-    asked = [asyncio.ensure_future(verdict) for verdict in verdicts]
-    try:
-        done, _ = await asyncio.wait(asked, return_when=asyncio.FIRST_EXCEPTION)
-        refusals = [task.exception() for task in asked if task in done]
-        for refusal in refusals:
-            if refusal is not None:
-                raise refusal
-    finally:
-        for task in asked:
-            task.cancel()
+async def _admitted_at_once(
+    limits: CallLimits,
+    budgets: Budgets,
+    ctx: CallContext,
+    model: str,
+    reservation: Reservation | None,
+) -> None:
+    """A call's windows and budgets when both are in the shared database: asked at once,
+    the call waits one round trip, not two; then its places. Both questions are always
+    answered (each is one statement): the call counts in its windows whatever its budget
+    says, as it does when they are asked in turn, and where both refuse the window's
+    refusal is the answer. A call refused either way is recorded like any other, and its
+    record lets go of what the other held (its reservation, through the ledger)."""
+    counted, reserved = await asyncio.gather(
+        limits.count_windows(ctx, model), budgets.admit(ctx, reservation), return_exceptions=True
+    )
+    for verdict in (counted, reserved):
+        if isinstance(verdict, BaseException):
+            raise verdict
+    assert not isinstance(counted, BaseException)
+    await limits.take_places(ctx, counted)
 
 
 def _end(

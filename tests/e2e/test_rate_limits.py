@@ -302,7 +302,7 @@ def test_the_sdks_read_a_rate_limit_refusal_as_their_own_rate_limit_error(
     assert int(over.value.response.headers["retry-after"]) >= 1
 
 
-def test_with_budgets_and_windows_shared_the_first_refusal_comes_at_once_and_holds_nothing(
+def test_with_budgets_and_windows_shared_a_call_over_its_budget_is_refused_without_waiting(
     pg: PgDatabase, upstreams: Upstreams, start_gateway: GatewayFactory
 ) -> None:
     # one place, two requests a window, and a budget that a call capped at 150 tokens
@@ -323,7 +323,7 @@ def test_with_budgets_and_windows_shared_the_first_refusal_comes_at_once_and_hol
         assert time.monotonic() < deadline, "the first call never started"
         time.sleep(0.02)
     # over its budget while the place it would wait for is held: refused at once, not
-    # after waiting for the place
+    # after waiting for the place; counted in the window all the same
     began = time.monotonic()
     over_budget = post(gw, "ci", max_tokens=1500)
     assert over_budget.status_code == 429, over_budget.text

@@ -21,7 +21,12 @@ gateway, while it was down or in flight when it died. After the run every gatewa
 restarted one included, refuses a call that does not fit, with the ledger's count and what
 the killed one still holds in its words.
 
-A key's rate limit is not part of this test: it is not built yet.
+The key has a rate limit too, of requests per minute, that the three gateways count in
+one window of the database: fewer than the run's calls, more than any one gateway takes,
+so only a shared count refuses calls, and it does once the database is back. A call over
+it is refused in its front's words, with ``Retry-After`` from the window; the window never
+counts past the limit; and every gateway, the restarted one too, reads the same window
+and the same budget from the database afterwards.
 """
 
 from __future__ import annotations
@@ -68,6 +73,10 @@ MAX_TOKENS = 4000
 # spends some 4,030: 288 calls would spend some 1,160,000 unchecked, 2.6 times the limit.
 # The first calls fit, then fewer and fewer, until nothing fits any more.
 LIMIT = 450_000
+# the key's requests per minute: the calls counted, those the database answered (some
+# 200 of the 288), pass it together; one gateway's share of them (some 70) never does
+RATE_LIMIT = 150
+RATE_WINDOW_S = 60
 # each answer as long as its cap allows, and slow enough that calls overlap and some are
 # in flight when the gateway is killed
 ANSWER = Reply(content="word " * 2500, delay_ms=800)
@@ -274,8 +283,35 @@ def ledger_status(outcome: Outcome) -> int:
     return 503 if outcome.status == 529 else outcome.status
 
 
+def over_rate(outcome: Outcome) -> bool:
+    """Whether a call was refused by the key's rate limit (not by its budget)."""
+    return outcome.status == 429 and outcome.body["error"]["message"].startswith(
+        "Rate limit exceeded: "
+    )
+
+
+def check_rate_refusal(outcome: Outcome) -> None:
+    """A refusal by the key's rate limit in its front's shape, with the wait the window
+    gives."""
+    body, headers = outcome.body, outcome.headers
+    detail = f"{outcome.front} {outcome.status} {body}"
+    error = body["error"]
+    assert f"caller '{CALLER}' is over its requests limit" in error["message"], detail
+    if outcome.front == "messages":
+        assert body["request_id"] == headers["request-id"], detail
+        assert error["type"] == "rate_limit_error", detail
+    else:
+        assert (error["code"], error["type"]) == ("rate_limit_exceeded", "requests"), detail
+    # the window's own wait: it may be sent again then
+    assert 1 <= int(headers["retry-after"]) <= 2 * RATE_WINDOW_S, detail
+    assert headers.get("x-should-retry") != "false", detail
+
+
 def check_refusal(outcome: Outcome) -> None:
     """A refusal in its front's shape, with the headers that tell a client what to do."""
+    if over_rate(outcome):
+        check_rate_refusal(outcome)
+        return
     status, body, headers = outcome.status, outcome.body, outcome.headers
     detail = f"{outcome.front} {status} {body}"
     if outcome.front == "messages":
@@ -434,6 +470,9 @@ def check_answers(soak: Soak) -> list[Outcome]:
     # calls were refused for not fitting whole while something was left
     words = [o.body["error"]["message"] for o in answered if o.status == 429]
     assert any("this call may spend up to" in w for w in words)
+    # and by the rate limit the three gateways counted together, once the free calls and
+    # those after the cut passed it
+    assert any(over_rate(o) for o in answered), statuses
     # the database's refusals came with the cut (and the tries that followed it)
     away = [o for o in answered if ledger_status(o) == 503]
     assert all(o.ended >= timeline.cut for o in away), (timeline, away[:3])
@@ -516,16 +555,40 @@ def check_ledger(
     holding = sum(r["tokens"] for r in held)
     today = str(pg.fetch("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS d")[0]["d"])
     assert by_day[today] + holding <= LIMIT, (by_day, holding)
+    # the shared window never counted past the key's limit in either of its minutes
+    (window,) = pg.fetch(
+        "SELECT current, previous FROM rate_windows WHERE (kind, name, metric) = "
+        "('caller', $1, 'requests')",
+        CALLER,
+    )
+    assert 0 < window["current"] <= RATE_LIMIT and window["previous"] <= RATE_LIMIT, window
     return by_day[today], holding
 
 
 def check_counts(urls: list[str], restarted: str, spent: int, holding: int) -> None:
-    """Every gateway, the restarted one on both fronts, refuses a call that does not fit,
-    with what the ledger holds and what the killed process still holds in its words."""
+    """Every gateway, the restarted one too, reads the same budget and window from the
+    database: what the ledger holds, what the killed process still holds, the requests
+    counted; and refuses a call that does not fit (or, over the rate limit too, a call
+    over that), on both fronts, in its words."""
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    used: list[float] = []
     with httpx.Client(timeout=PER_CALL_TIMEOUT_S) as client:
+        for url in urls:
+            seen = client.get(url + "/ui/api/limits", headers=admin).json()
+            (budget,) = [b for b in seen["budgets"] if b["name"] == CALLER]
+            assert (budget["spent"], budget["held"]) == (spent, holding), (url, budget)
+            (window,) = [w for w in seen["windows"] if w["name"] == CALLER]
+            used.append(window["used"])
+        # the same window, read a moment apart as its previous minute's weight falls
+        assert min(used) > 0 and max(used) - min(used) < 2, used
         for url, front in [*((u, "chat") for u in urls), (restarted, "messages")]:
             resp = ask(client, url, front, "one more", LIMIT)
             assert resp.status_code == 429, resp.text[:500]
+            if resp.json()["error"]["message"].startswith("Rate limit exceeded: "):
+                # both refuse it: the window's answer came first
+                headers = dict(resp.headers)
+                check_rate_refusal(Outcome(0, 0, front, 0, 0, 429, None, headers, resp.json()))
+                continue
             message = resp.json()["error"]["message"]
             found = SPENT_WORDS.search(message)
             assert found is not None, message
@@ -540,7 +603,11 @@ def test_three_gateways_keep_a_shared_budget_through_a_kill_and_a_database_cut(
     in_process: list[Gateway] = []
     process: ServeProcess | None = None
     try:
-        keys = [key(CALLER, {"max_tokens": LIMIT, "per": "day"}), {**key(ADMIN), "admin": True}]
+        caller = {
+            **key(CALLER, {"max_tokens": LIMIT, "per": "day"}),
+            "rate_limits": {"requests": {"limit": RATE_LIMIT, "window_s": RATE_WINDOW_S}},
+        }
+        keys = [caller, {**key(ADMIN), "admin": True}]
         # every gateway reaches the database through the proxy; each answer waits for its
         # record (metering.sync), but not for a database that is away
         settings: dict[str, Any] = {"ledger": pg.url_at(proxy.port), "metering": {"sync": True}}

@@ -116,6 +116,14 @@ class _Held:
     tickets: list[tuple[Holder, Ticket]]
 
 
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """A call counted in its windows: the limits it is held to, and what it holds."""
+
+    limits: list[tuple[Holder, RateLimitSettings]]
+    held: _Held
+
+
 @dataclass(slots=True)
 class LimitCounts:
     """What the limits refused, for ``/metrics``."""
@@ -163,9 +171,13 @@ class CallLimits:
 
     async def admit(self, ctx: CallContext, profile: str) -> None:
         """Admit the call or refuse it (``RateLimited``); wait for its places."""
+        await self.take_places(ctx, await self.count_windows(ctx, profile))
+
+    async def count_windows(self, ctx: CallContext, profile: str) -> Counted:
+        """Count the call in its windows or refuse it (``RateLimited``): the first half of
+        ``admit``, which the service may ask beside the budgets."""
         limits = self.limits_of(ctx, profile)
-        if not limits:
-            return
+        counted = Counted(limits, _Held([], []))
         asks: list[tuple[WindowKey, WindowLimit, int]] = []
         for (kind, name), settings in limits:
             for metric in _METRICS:
@@ -173,16 +185,23 @@ class CallLimits:
                 if window is not None:
                     limit = WindowLimit(window.limit, window.window_s)
                     asks.append(((kind, name, metric), limit, 1 if metric == "requests" else 0))
-        held = _Held([], [])
         if asks:
-            await self._admit_windows(asks, held)
+            await self._admit_windows(asks, counted.held)
+        return counted
+
+    async def take_places(self, ctx: CallContext, counted: Counted) -> None:
+        """Wait for the call's places (refused, ``RateLimited``, past the queue's bounds):
+        the second half of ``admit``. From here the call holds them until its record is
+        published."""
+        held = counted.held
         try:
-            for holder, _ in limits:
+            for holder, _ in counted.limits:
                 await self._take_places(ctx, holder, held)
         except BaseException:
             self._release(held)
             raise
-        self._held[ctx.call_id] = held
+        if counted.limits:
+            self._held[ctx.call_id] = held
 
     async def _admit_windows(
         self, asks: list[tuple[WindowKey, WindowLimit, int]], held: _Held
