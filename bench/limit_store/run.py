@@ -6,7 +6,8 @@ sent, measured on its own, without a gateway around it.
 - PostgreSQL, budget: the gateway's ``SharedBudgets.admit`` (one ``budget_reserve``
   statement) on one task's budget, its reservation deleted afterwards as the ledger's
   trigger does when the call's row is written (not timed);
-- PostgreSQL, both: the two one after the other, as a call with both makes them;
+- PostgreSQL, both: the two at once, on two connections, as a call held to both asks
+  them;
 - Redis, rate windows: the same two windows by the same rule in one Lua script
   (``redis_windows.py``), on the Redis at 127.0.0.1:6379.
 
@@ -118,10 +119,12 @@ async def _checker(mode: str, url: str, run_id: str) -> Checker:
         await shared_windows.admit(pg_asks)
 
     async def budget() -> None:
-        if mode.endswith("both"):
-            await rate()
         ctx = CallContext.new("t1", "main")
-        await budgets.admit(ctx, RESERVATION)
+        if mode.endswith("both"):
+            # at once, on two connections, as the gateway asks them
+            await asyncio.gather(rate(), budgets.admit(ctx, RESERVATION))
+        else:
+            await budgets.admit(ctx, RESERVATION)
         reserved.append(ctx.call_id)
 
     async def delete(call_id: str, conn: asyncpg.Connection) -> None:
