@@ -254,6 +254,9 @@ class RateLimitSettings(_Strict):
     requests: WindowSettings | None = None
     # prompt plus completion tokens, counted when each call ends
     tokens: WindowSettings | None = None
+    # prompt tokens alone (input), and completion tokens alone (output), likewise
+    input_tokens: WindowSettings | None = None
+    output_tokens: WindowSettings | None = None
     # the prompt tokens the servers evaluated, counted when each call ends
     evaluated_tokens: WindowSettings | None = None
     # calls in flight at once; more wait their turn (``rate_limits.max_wait_s``)
@@ -264,16 +267,19 @@ class RateLimitSettings(_Strict):
 
     @model_validator(mode="after")
     def _check_some_limit(self) -> RateLimitSettings:
-        if (
-            all(
-                v is None
-                for v in (self.requests, self.tokens, self.evaluated_tokens, self.in_flight)
-            )
-            and self.in_flight_per_caller is None
-        ):
+        limits = (
+            self.requests,
+            self.tokens,
+            self.input_tokens,
+            self.output_tokens,
+            self.evaluated_tokens,
+            self.in_flight,
+            self.in_flight_per_caller,
+        )
+        if all(v is None for v in limits):
             raise ValueError(
-                "a rate limit needs at least one of 'requests', 'tokens', "
-                "'evaluated_tokens', 'in_flight' or 'in_flight_per_caller'"
+                "a rate limit needs at least one of 'requests', 'tokens', 'input_tokens', "
+                "'output_tokens', 'evaluated_tokens', 'in_flight' or 'in_flight_per_caller'"
             )
         return self
 

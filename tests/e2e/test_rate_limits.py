@@ -85,6 +85,38 @@ def test_a_full_tokens_window_refuses_the_tasks_next_call_until_it_empties(
         time.sleep(0.5)
 
 
+def test_input_and_output_token_windows_count_the_prompt_and_the_answer_apart(
+    upstreams: Upstreams, start_gateway: GatewayFactory
+) -> None:
+    windows = {
+        "input_tokens": {"limit": 10**6, "window_s": 600},
+        "output_tokens": {"limit": 3, "window_s": 600},
+    }
+    gw = start(start_gateway, upstreams, [limited("ci", **windows), ADMIN])
+    upstreams.openai.queue(Reply(content="some words to count"))
+    first = post(gw, "ci")
+    assert first.status_code == 200
+    usage = first.json()["usage"]
+    assert usage["completion_tokens"] > 3
+    deadline = time.monotonic() + 10
+    while True:  # what the call spent is added once it ends
+        over = post(gw, "ci")
+        if over.status_code == 429:
+            break
+        assert time.monotonic() < deadline, "the output window never filled"
+        time.sleep(0.05)
+    assert over.json()["error"]["type"] == "tokens"
+    assert "caller 'ci' is over its output_tokens limit" in over.json()["error"]["message"]
+    seen = httpx.get(
+        gw.url + "/ui/api/limits", headers={"Authorization": "Bearer ops"}, timeout=10
+    ).json()
+    used = {w["metric"]: w["used"] for w in seen["windows"] if w["name"] == "ci"}
+    assert used == {
+        "input_tokens": usage["prompt_tokens"],
+        "output_tokens": usage["completion_tokens"],
+    }
+
+
 def test_a_caller_capped_below_a_profiles_places_never_holds_more_and_others_get_one(
     upstreams: Upstreams, start_gateway: GatewayFactory
 ) -> None:

@@ -49,7 +49,7 @@ Holder = tuple[str, str]
 MAX_WINDOWS = 100_000
 # a refused call that found no place waits this long before it is sent again
 IN_FLIGHT_RETRY_AFTER_S = 1
-_METRICS = ("requests", "tokens", "evaluated_tokens")
+_METRICS = ("requests", "tokens", "input_tokens", "output_tokens", "evaluated_tokens")
 
 
 class WindowStore(Protocol):
@@ -289,11 +289,14 @@ class CallLimits:
         self._release(held)
         if not held.windows:
             return
+        prompt, completion = record.prompt_tokens or 0, record.completion_tokens or 0
         spent = {
-            "tokens": (record.prompt_tokens or 0) + (record.completion_tokens or 0),
+            "tokens": prompt + completion,
+            "input_tokens": prompt,
+            "output_tokens": completion,
             "evaluated_tokens": record.evaluated_tokens or 0,
         }
-        # off the call's path: a shared window's row is written in a transaction
+        # off the call's path, in one statement for a shared window
         task = asyncio.get_running_loop().create_task(self._settle(held, spent))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
