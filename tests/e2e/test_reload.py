@@ -32,7 +32,9 @@ from tests.fakes.llama_server_process import SLOW_ANSWER, write_binary
 from tests.fakes.server import serve_in_thread, stop_all
 
 STREAMS = 100
-SLOW = Reply(content="tick " * 50, chunk_delay_ms=60)  # 100 chunks: about 6 s
+# 100 chunks, about 20 s: long enough that every stream is still going when a reload
+# that began once all of them had started ends, on a machine busy with other tests
+SLOW = Reply(content="tick " * 50, chunk_delay_ms=200)
 ASK: Any = [{"role": "user", "content": "Count."}]
 T = TypeVar("T")
 
