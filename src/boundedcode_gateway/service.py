@@ -374,10 +374,10 @@ async def _admitted_at_once(
     counted, reserved = await asyncio.gather(
         limits.count_windows(ctx, model), budgets.admit(ctx, reservation), return_exceptions=True
     )
-    for verdict in (counted, reserved):
-        if isinstance(verdict, BaseException):
-            raise verdict
-    assert not isinstance(counted, BaseException)
+    if isinstance(counted, BaseException):
+        raise counted
+    if isinstance(reserved, BaseException):
+        raise reserved
     await limits.take_places(ctx, counted)
 
 
