@@ -48,6 +48,7 @@ from boundedcode_gateway.metering.bus import RecordBus
 from boundedcode_gateway.metering.calllog import read_tail
 from boundedcode_gateway.metering.ledgers import prepare_ledger
 from boundedcode_gateway.metering.writer import MeterWriter
+from boundedcode_gateway.observability.export import ExportCollector, Observability
 from boundedcode_gateway.operations.failure_log import FailureLog
 from boundedcode_gateway.operations.metrics import GatewayMetrics
 from boundedcode_gateway.policy.cache_misses import ContinuityTable
@@ -172,6 +173,11 @@ class GatewayApp:
             if config.prompt_cache.slot_files
             else None
         )
+        # calls exported as OpenTelemetry traces and metrics (observability:), off the path
+        try:
+            self.observability = Observability(config.observability, os.environ)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.service = GatewayService(
             build_live_config(
                 config, self.http, listen_host=listen_host, slot_store=self.slot_store
@@ -184,6 +190,7 @@ class GatewayApp:
             limits=self.limits,
             history=self.state.history,
             events=self.events,
+            content=self.observability,
         )
         self.metrics = GatewayMetrics(
             self.service,
@@ -194,6 +201,8 @@ class GatewayApp:
             budgets=self.budgets if isinstance(self.budgets, SharedBudgets) else None,
         )
         self.bus.subscribe("the metrics", self.metrics.observe)
+        self.bus.subscribe("the OTLP export", self.observability.offer)
+        self.metrics.registry.register(ExportCollector(self.observability))
         # a line on stderr per failed or refused call
         self.failures = FailureLog()
         self.bus.subscribe("the failure log", self.failures.observe)
@@ -265,6 +274,7 @@ class GatewayApp:
         await self._open_databases()
         self.bus.start()
         self.writer.start()
+        self.observability.start(self.metrics.registry)
         self._sweeping = [asyncio.create_task(sweeper.run()) for sweeper in self.sweepers]
         await _start(self.service.live.routes.values())
 
@@ -347,6 +357,7 @@ class GatewayApp:
         await self.bus.close()
         await asyncio.to_thread(self.writer.close)
         await asyncio.to_thread(self.failures.close)
+        await asyncio.to_thread(self.observability.close)
         if isinstance(self.budgets, SharedBudgets):
             # the writer has written what it could: what is still held is let go
             await self.budgets.close()
@@ -389,7 +400,10 @@ class GatewayApp:
                 slot_store=self.slot_store,
             )
             _check_listening(self.listen_host, old.config, config)
+            replaced = self.observability.use(config.observability, os.environ)
         except ConfigError as exc:
+            return _refused(str(exc))
+        except ValueError as exc:  # an observability: that cannot export
             return _refused(str(exc))
         changes = route_changes(old, new)
         running = set(old.routes.values())
@@ -400,6 +414,9 @@ class GatewayApp:
             await asyncio.gather(*(r.close() for r in fresh), return_exceptions=True)
             raise
         self.service.use(new)
+        if replaced is not None:
+            # its queued calls still go out, from a thread: no call waits on it
+            asyncio.get_running_loop().run_in_executor(None, replaced.close)
         # an open page's event stream is let in again by the new keys, or ended
         self.events.recheck_viewers()
         self._use_budgets(config)

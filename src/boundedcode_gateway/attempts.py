@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from boundedcode_gateway.errors import (
     GatewayError,
@@ -29,6 +30,7 @@ from boundedcode_gateway.errors import (
 from boundedcode_gateway.llama_server.pool import ServerLease
 from boundedcode_gateway.policy.retry import decide, retry_after_s
 from boundedcode_gateway.providers.base import PreparedRequest, Upstream
+from boundedcode_gateway.trace_context import TraceContext, new_span_id
 from boundedcode_gateway.upstream.http import HttpClient, UpstreamResponse, read_body
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -41,13 +43,66 @@ RETRY_AFTER_CAP_S = 86400
 
 @dataclass(slots=True)
 class AttemptLog:
-    """What the sends of one call came to: the call's record is filled from it at the end."""
+    """What the sends of one call came to: the call's record is filled from it at the end.
 
+    Each entry: how the attempt ended (``status``, ``code``), why it was made (``kind``:
+    first, retry, resend, failover, continuation), where it went (``to``, host:port),
+    when it began, was sent and ended (``at_ms``, ``sent_ms``, ``end_ms``, from the call's
+    start) and, in a traced call, the span it was sent from (``span``).
+    """
+
+    # the call's start (``CallContext.started``), which the entries' times count from
+    origin: float = field(default_factory=time.perf_counter)
+    trace: TraceContext | None = None
     count: int = 0
-    # each attempt's {"status", "code"}, in order
     entries: list[dict[str, Any]] = field(default_factory=list)
     # an answer was sent again, or continued, after it broke off
     retried: bool = False
+    # why the next attempt is made
+    next_kind: str = "first"
+    # the attempt under way, until it ends
+    current: dict[str, Any] | None = None
+
+    def _ms(self) -> float:
+        return round((time.perf_counter() - self.origin) * 1000.0, 3)
+
+    def begin(self, to: str) -> None:
+        """An attempt begins, to host:port ``to``."""
+        self.count += 1
+        self.current = {"status": None, "code": None, "kind": self.next_kind, "to": to}
+        self.current["at_ms"] = self._ms()
+        if self.trace is not None:
+            self.current["span"] = new_span_id()
+        self.next_kind = "retry"
+
+    def sending(self) -> str | None:
+        """The attempt's request goes out now; its ``traceparent`` where one is passed on."""
+        current = self.current
+        if current is None:
+            return None
+        current["sent_ms"] = self._ms()
+        trace = self.trace
+        if trace is None or not trace.propagate:
+            return None
+        return trace.header(current["span"])
+
+    def end(self, status: int, code: str | None) -> None:
+        """The latest attempt ended so; an attempt not begun here is counted all the same."""
+        entry = self.current
+        if entry is None:
+            entry = {"status": status, "code": code}
+        else:
+            entry["status"], entry["code"] = status, code
+            entry["end_ms"] = self._ms()
+            self.current = None
+        self.entries.append(entry)
+
+
+def _host_port(root: str) -> str:
+    """host:port of a base URL (the scheme's port where it names none)."""
+    parts = urlsplit(root)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.hostname or ''}:{port}"
 
 
 class Attempts:
@@ -79,6 +134,7 @@ class Attempts:
         if root is None:
             root = server.root(len(prepared.body)) if server is not None else upstream.base_url
         self._root = root
+        self._to = _host_port(root)
         self._headers = self._headers_there()
         # pinned to a slot of the call's own, under cache isolation
         self._body = prepared.body
@@ -125,21 +181,24 @@ class Attempts:
             return False
         self._resends += 1
         self._log.retried = True
+        self._log.next_kind = "resend"
         return True
 
     def continued(self) -> None:
         """An answer that broke off goes on from where it broke: the call was retried."""
         self._log.retried = True
+        self._log.next_kind = "continuation"
 
     def log(self, status: int, code: str | None) -> None:
         """Note how the latest attempt ended."""
-        self._log.entries.append({"status": status, "code": code})
+        self._log.end(status, code)
 
     async def open(self) -> UpstreamResponse:
         """A 200 response to the request, sending again where the policy allows."""
         p = self._prepared
         while True:
-            self._log.count += 1
+            log = self._log
+            log.begin(self._to)
             if self._server is not None:
                 # under cache isolation: in a slot of the call's own (after a failover, on
                 # the new server)
@@ -148,9 +207,15 @@ class Attempts:
                 except GatewayError as exc:
                     self.log(exc.http_status, exc.code)
                     raise
+            traceparent = log.sending()
+            headers = self._headers
+            if traceparent is not None:
+                headers = {**headers, "traceparent": traceparent}
+                if log.trace is not None and log.trace.state is not None:
+                    headers["tracestate"] = log.trace.state
             try:
                 resp = await self._http.send(
-                    "POST", self.url, self._headers, self._body, resend_safe=p.resend_safe
+                    "POST", self.url, headers, self._body, resend_safe=p.resend_safe
                 )
             except GatewayError as exc:
                 if isinstance(exc, UpstreamUnavailable) and await self._failed_over():
@@ -186,8 +251,10 @@ class Attempts:
         if root is None:
             return False
         self._root = root
+        self._to = _host_port(root)
         self._headers = self._headers_there()
         self._log.retried = True
+        self._log.next_kind = "failover"
         return True
 
     async def again_or_raise(

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from boundedcode_gateway.clock import utc_now_iso
 from boundedcode_gateway.config import BudgetSettings, ReasoningSharing
+from boundedcode_gateway.trace_context import TraceContext
 from boundedcode_gateway.unique_ids import hex_id
 
 # a task id: a folder's name under the data directory, hence no path separator
@@ -79,6 +80,8 @@ class CallContext:
     adjustments: dict[str, Any] = field(default_factory=dict)
     # who on the task shares the call's stored reasoning and seals (``reasoning_scope`` above)
     scope: str = TASK_SCOPE
+    # the call's span in its trace, when the gateway exports traces (observability:)
+    trace: TraceContext | None = None
 
     @classmethod
     def new(
@@ -89,6 +92,7 @@ class CallContext:
         caller: Caller | None = None,
         front: str = "chat",
         scope: str = TASK_SCOPE,
+        trace: TraceContext | None = None,
     ) -> CallContext:
         # 32 hex digits, the form uuid4().hex had
         call_id = f"call_{hex_id()}"
@@ -102,6 +106,7 @@ class CallContext:
             caller,
             front,
             scope=scope,
+            trace=trace,
         )
 
     def elapsed_ms(self) -> float:

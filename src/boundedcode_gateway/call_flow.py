@@ -15,7 +15,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from boundedcode_gateway import discard
 from boundedcode_gateway.attempts import AttemptLog, Attempts
@@ -109,6 +109,15 @@ class SharedState:
     schema_refused: set[tuple[str, str]]
     # told how each streamed answer goes (the page of calls); None when no one watches
     watcher: CallWatcher | None = None
+    # given the messages and answer of a call whose trace captures them
+    content: ContentSink | None = None
+
+
+class ContentSink(Protocol):
+    """Where a traced call's messages and answer go for its span (``observability/``),
+    never into its record: the call log and the ledger hold no content."""
+
+    def keep(self, call_id: str, messages: Any, answer: str | None) -> None: ...
 
 
 def call_options(
@@ -178,7 +187,7 @@ class CallFlow:
         self._server: ServerLease | None = None  # a local call's, once the call is built
         self._sent = b""  # the request the answer came from (the last one sent)
         # what the steps found, for the record
-        self._log = AttemptLog()
+        self._log = AttemptLog(meter.ctx.started, meter.ctx.trace)
         self._changed: int | None = None
         # the same, against the previous request of this call's own conversation
         self._own_changed: int | None = None
@@ -218,7 +227,10 @@ class CallFlow:
         if self._keeper is not None:
             self._keeper.call_started()
         schema = requested_schema(body)
-        capture = Capture(caps.reasoning_back, schema is not None, self._keeper is not None)
+        traced = ctx.trace is not None and ctx.trace.capture_content
+        capture = Capture(
+            caps.reasoning_back, schema is not None or traced, self._keeper is not None
+        )
         limits = self._shared.http.limits
         options = call_options(body, ctx.discard_header, capture, limits.captured_bytes)
         body = discard.without_stream_option(body)
@@ -421,6 +433,7 @@ class CallFlow:
                 now,
                 server.slot if server is not None else None,
                 server.state if server is not None else None,
+                ctx.trace,
             )
         )
 
@@ -440,6 +453,7 @@ class CallFlow:
             return
         self._ended = True
         self._fill()
+        self._keep_content()
         if self._server is not None:
             self._server.release()
         if cancelled:
@@ -449,12 +463,20 @@ class CallFlow:
         else:
             self._meter.error(error)
 
+    def _keep_content(self) -> None:
+        """The messages and the answer, for a trace that captures them."""
+        trace, sink = self._meter.ctx.trace, self._shared.content
+        if trace is None or not trace.capture_content or sink is None:
+            return
+        metrics = self._relay.metrics if self._relay is not None else self._metrics
+        answer = metrics.answer_text if metrics is not None else None
+        sink.keep(self._meter.ctx.call_id, self._caller_body.get("messages"), answer)
+
     def interrupted(self, error: GatewayError) -> None:
         """The attempt running when the call was stopped from outside (its deadline) is
         logged with the error that stopped it."""
-        log = self._log
-        if log.count > len(log.entries):
-            log.entries.append({"status": error.http_status, "code": error.code})
+        if self._log.current is not None:
+            self._log.end(error.http_status, error.code)
 
     def _fill(self) -> None:
         """The record's call fields: the one place they are written."""
@@ -468,6 +490,8 @@ class CallFlow:
         r.attempt_log = self._log.entries
         r.retried = self._log.retried
         r.server = self._server.server if self._server is not None else None
+        slot = self._server.slot if self._server is not None else None
+        r.slot = slot.index if slot is not None else None
         restore = self._server.restore if self._server is not None else None
         if restore is not None:
             r.restored_tokens = restore.tokens or None
@@ -493,6 +517,7 @@ class CallFlow:
             r.cached_tokens = metrics.cached_tokens
             r.completion_tokens = metrics.completion_tokens
             r.reasoning_tokens = metrics.reasoning_tokens
+            r.cache_write_tokens = metrics.cache_write_tokens
             r.evaluated_tokens = metrics.evaluated_tokens
             r.prefill_ms = metrics.prefill_ms
             r.decode_ms = metrics.decode_ms

@@ -890,6 +890,45 @@ class InferenceSettings(_Strict):
     upstream_limits: UpstreamLimitsSettings = UpstreamLimitsSettings()
 
 
+class ObservabilitySettings(_Strict):
+    """``observability:``: calls exported as OpenTelemetry traces and metrics over OTLP
+    (docs/observability.md). What is left unset here is read from the standard ``OTEL_*``
+    environment variables, as the OpenTelemetry SDK documents them."""
+
+    # null: on when an OTLP endpoint is set here or in OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT
+    enabled: bool | None = None
+    # the collector's base URL (OTLP/HTTP: /v1/traces and /v1/metrics are joined to it)
+    endpoint: str | None = None
+    protocol: Literal["http/protobuf", "grpc"] | None = None
+    # header name: the environment variable holding its value (a token is never written here)
+    headers_env: dict[str, str] = {}
+    service_name: str | None = None
+    # the share of traces begun here that are kept; a caller's sampled flag decides for its own
+    sampling: float | None = Field(default=None, ge=0.0, le=1.0)
+    # the messages and the answer on the call's span (off: they may hold anything)
+    capture_content: bool = False
+    # each of the two is cut to this many characters
+    content_max_chars: int = Field(default=16384, ge=0)
+    # a traceparent on every request to an upstream
+    propagate: bool = True
+    metrics: bool = True
+    # seconds between two exports of the metrics (null: OTEL_METRIC_EXPORT_INTERVAL, else 60)
+    metrics_interval_s: float | None = Field(default=None, gt=0)
+    # calls waiting to be exported at most; past it a call's spans are dropped, and counted
+    queue_calls: int = Field(default=2048, ge=1)
+    export_timeout_s: float = Field(default=10.0, gt=0)
+
+    @field_validator("headers_env")
+    @classmethod
+    def _check_header_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for header, env in value.items():
+            if not ENV_NAME.fullmatch(env):
+                raise ValueError(
+                    f"headers_env.{header}: '{env}' is not the name of an environment variable"
+                )
+        return value
+
+
 class GatewayConfig(_Strict):
     """The whole configuration file."""
 
@@ -912,6 +951,7 @@ class GatewayConfig(_Strict):
     retention: RetentionSettings = RetentionSettings()
     reasoning: ReasoningSettings = ReasoningSettings()
     prompt_cache: PromptCacheSettings = PromptCacheSettings()
+    observability: ObservabilitySettings = ObservabilitySettings()
     # the page of calls at /ui/ (on loopback, or for an admin key with auth:)
     ui: bool = True
     models: dict[str, ModelProfile] = Field(min_length=1)

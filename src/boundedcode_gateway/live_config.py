@@ -26,6 +26,7 @@ from boundedcode_gateway.llama_server.slot_store import SlotStore
 from boundedcode_gateway.providers.base import Upstream
 from boundedcode_gateway.providers.openai_compat.adapter import OpenAICompatUpstream
 from boundedcode_gateway.providers.registry import build_upstream
+from boundedcode_gateway.trace_context import TracePolicy, policy_of
 from boundedcode_gateway.upstream.http import HttpClient
 
 # settings read once at start: a reload that changes them names them in a warning
@@ -123,6 +124,8 @@ class LiveConfig:
     sites: SitePolicy = LOOPBACK_SITES
     # who may call, from ``auth:``; None: every request is answered without a caller
     authenticator: Authenticator | None = None
+    # how calls join traces (``observability:``); None: no trace is exported
+    tracing: TracePolicy | None = None
 
     @property
     def upstreams(self) -> dict[str, Upstream]:
@@ -185,7 +188,9 @@ def build_live_config(
             routes[name] = kept
         else:
             routes[name] = build_route(name, profile, config, http, inputs, slot_store)
-    return LiveConfig(config, routes, sites, authenticator)
+    return LiveConfig(
+        config, routes, sites, authenticator, policy_of(config.observability, environ)
+    )
 
 
 def build_route(

@@ -27,6 +27,7 @@ from boundedcode_gateway.call_context import CallContext
 from boundedcode_gateway.call_flow import (
     CallDeadline,
     CallFlow,
+    ContentSink,
     JsonAnswer,
     SharedState,
     StreamAnswer,
@@ -75,6 +76,7 @@ class GatewayService:
         limits: CallLimits | None = None,
         history: History | None = None,
         events: CallsWatcher | None = None,
+        content: ContentSink | None = None,
     ) -> None:
         self.live = live
         self._http = http
@@ -90,7 +92,7 @@ class GatewayService:
             bus.count("limits", limits.count)
         continuity = continuity if continuity is not None else ContinuityTable()
         history = history if history is not None else HistoryTracker()
-        self._shared = SharedState(http, reasoning, history, continuity, set(), events)
+        self._shared = SharedState(http, reasoning, history, continuity, set(), events, content)
         if events is not None:
             bus.subscribe("the page of calls", events.finished)
         self._events = events

@@ -33,6 +33,7 @@ from tests.fakes.hostile import (
     stream_head,
     whole,
 )
+from tests.outcomes import outcomes
 
 KEY_ENV = "HOSTILE_UPSTREAM_KEY"
 HELLO: list[Any] = [{"role": "user", "content": "hello"}]
@@ -136,7 +137,9 @@ def test_an_error_body_past_the_limit_is_not_sent_again(
     assert resp.status_code == 502
     assert error_of(resp)["code"] == "upstream_response_too_large"
     record = last_record(gw)
-    assert record["attempt_log"] == [{"status": 502, "code": "upstream_response_too_large"}]
+    assert outcomes(record["attempt_log"]) == [
+        {"status": 502, "code": "upstream_response_too_large"}
+    ]
     assert len(hostile.requests) == 1
 
 
@@ -345,7 +348,7 @@ def test_an_answer_past_max_call_s_before_content_is_a_504(
     assert "inference.max_call_s (0.5 s)" in error["message"]
     record = last_record(gw)
     assert (record["http_status"], record["error_code"]) == (504, "upstream_timeout")
-    assert record["attempt_log"] == [{"status": 504, "code": "upstream_timeout"}]
+    assert outcomes(record["attempt_log"]) == [{"status": 504, "code": "upstream_timeout"}]
     assert hostile.client_left.wait(5)
 
 
@@ -368,7 +371,7 @@ def test_a_stream_past_max_call_s_after_content_ends_in_an_in_stream_error(
     assert events[0]["choices"][0]["delta"]["content"] == "Hi"
     record = last_record(gw)
     assert (record["http_status"], record["error_code"]) == (504, "upstream_timeout")
-    assert record["attempt_log"][-1] == {"status": 504, "code": "upstream_timeout"}
+    assert outcomes(record["attempt_log"])[-1] == {"status": 504, "code": "upstream_timeout"}
     assert hostile.client_left.wait(5)
 
 

@@ -18,7 +18,6 @@ from boundedcode_gateway.asgi.body import BodyParser
 from boundedcode_gateway.asgi.body_read import BodyPace, ReadingBudget, read_request_body
 from boundedcode_gateway.asgi.render import send_json
 from boundedcode_gateway.call_context import CallContext, Caller, reasoning_scope
-from boundedcode_gateway.config import ReasoningSharing
 from boundedcode_gateway.errors import CallerLeft, GatewayError, InvalidRequest, internal_error
 from boundedcode_gateway.fronts.base import CHAT, AdjustingCall, Front, TokenCounter
 from boundedcode_gateway.fronts.sealing import SealBinding
@@ -32,10 +31,12 @@ from boundedcode_gateway.ingress.validate import (
     check_purpose,
     check_task,
 )
+from boundedcode_gateway.live_config import LiveConfig
 from boundedcode_gateway.metering.records import TOKEN_COUNT_PURPOSE
 from boundedcode_gateway.metering.request_facts import RequestFacts
 from boundedcode_gateway.operations.failure_log import FailureLog
 from boundedcode_gateway.service import GatewayService
+from boundedcode_gateway.trace_context import TRACEPARENT, TRACESTATE, TraceContext, TracePolicy
 
 # without /v1, as some OpenAI clients send it (no task form)
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
@@ -112,9 +113,9 @@ class Calls:
         asked = RequestFacts.of(parsed)
         model = asked.model
         try:
-            ctx = _context(scope, path_task, caller, front, live.config.reasoning.shared_by)
+            ctx = _context(scope, path_task, caller, front, live)
         except GatewayError as exc:
-            refused = _refused_context(scope, path_task, caller, front)
+            refused = _refused_context(scope, path_task, caller, front, live.tracing)
             self._rejected(front, refused, asked, exc)
             raise
         try:
@@ -156,7 +157,7 @@ def _context(
     path_task: str | None,
     caller: Caller | None,
     front: Front,
-    shared_by: ReasoningSharing,
+    live: LiveConfig,
 ) -> CallContext:
     header_task = header(scope, TASK_HEADER)
     if path_task is not None and header_task is not None and header_task != path_task:
@@ -179,17 +180,30 @@ def _context(
         discard.header_declares(header(scope, discard.HEADER)),
         caller,
         front.name,
-        reasoning_scope(caller, shared_by),
+        reasoning_scope(caller, live.config.reasoning.shared_by),
+        _trace(scope, live.tracing),
     )
 
 
+def _trace(scope: dict[str, Any], tracing: TracePolicy | None) -> TraceContext | None:
+    """The call's span, a child of the caller's where it sent a traceparent."""
+    if tracing is None:
+        return None
+    return tracing.start(header(scope, TRACEPARENT), header(scope, TRACESTATE))
+
+
 def _refused_context(
-    scope: dict[str, Any], path_task: str | None, caller: Caller | None, front: Front
+    scope: dict[str, Any],
+    path_task: str | None,
+    caller: Caller | None,
+    front: Front,
+    tracing: TracePolicy | None,
 ) -> CallContext:
     """The context a call refused before its own was made is recorded under."""
     purpose = TOKEN_COUNT_PURPOSE if isinstance(front, TokenCounter) else DEFAULT_PURPOSE
+    trace = _trace(scope, tracing)
     if caller is not None and caller.task is not None:
         # a token's calls are metered under its task only, whatever they asked for
-        return CallContext.new(caller.task, purpose, caller=caller, front=front.name)
+        return CallContext.new(caller.task, purpose, caller=caller, front=front.name, trace=trace)
     raw_task = path_task or header(scope, TASK_HEADER) or DEFAULT_TASK
-    return CallContext.new(raw_task[:128], purpose, caller=caller, front=front.name)
+    return CallContext.new(raw_task[:128], purpose, caller=caller, front=front.name, trace=trace)

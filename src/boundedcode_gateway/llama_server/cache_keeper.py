@@ -49,6 +49,7 @@ from boundedcode_gateway.policy.cache_misses import (
 )
 from boundedcode_gateway.policy.media import media_parts
 from boundedcode_gateway.pools.server_state import ServerState
+from boundedcode_gateway.trace_context import TraceContext
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,8 @@ class AnsweredCall:
     slot: SlotHold | None = None
     # the server's state, which counts the repair as work that gives way to calls
     state: ServerState | None = None
+    # the call's span in its trace: the repair's is its child
+    trace: TraceContext | None = None
 
 
 def next_request_messages(messages: list[Any], answer: dict[str, Any]) -> list[Any]:
@@ -370,7 +373,7 @@ class CacheKeeper:
     async def _run_repair(self, call: AnsweredCall, rendered: str) -> int | None:
         """Evaluate the next request's rendering in the slot; the tokens it holds then
         (None: the repair failed)."""
-        meter = self._repair_meter(call.task, call.server)
+        meter = self._repair_meter(call.task, call.server, call.trace)
         record = meter.record
         # the conversation the rendering holds: the request's messages and the answer
         record.messages = call.previous.answer_index + 1
@@ -397,11 +400,13 @@ class CacheKeeper:
         meter.ok()
         return record.prompt_tokens
 
-    def _repair_meter(self, task: str, server: str | None) -> Meter:
-        """The record of one of the keeper's evaluations, for ``task``, on ``server``."""
-        meter = Meter(
-            self._writer, CallContext.new(task, REPAIR_PURPOSE), self._profile, price=self.price
-        )
+    def _repair_meter(
+        self, task: str, server: str | None, trace: TraceContext | None = None
+    ) -> Meter:
+        """The record of one of the keeper's evaluations, for ``task``, on ``server``;
+        in the trace of the call it follows, where it has one."""
+        ctx = CallContext.new(task, REPAIR_PURPOSE, trace=trace.child() if trace else None)
+        meter = Meter(self._writer, ctx, self._profile, price=self.price)
         record = meter.record
         record.provider = "local"
         record.server = server

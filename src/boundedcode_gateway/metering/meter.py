@@ -62,6 +62,7 @@ class Meter:
             caller=ctx.caller.name if ctx.caller is not None else None,
             messages=messages,
             front=ctx.front,
+            trace=ctx.trace,
         )
         self._done = False
         # with `metering.sync`, done once the record is written

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from boundedcode_gateway.trace_context import TraceContext
+
 # the purpose of a token count's record: a caller's request, but no model call (nothing
 # generated, nothing spent); as the cache repairs' own, a caller may not send it
 TOKEN_COUNT_PURPOSE = "token_count"
@@ -88,6 +90,13 @@ class CallRecord:
     # call log only: the error's message, clipped (the gateway's words, or the upstream's
     # with its key redacted); None for a call that did not fail
     error_message: str | None = None
+    # call log only: the prompt tokens the provider wrote to its cache (Anthropic's
+    # cache_creation_input_tokens), where it says
+    cache_write_tokens: int | None = None
+    # call log only: the llama-server slot the call held, under cache isolation
+    slot: int | None = None
+    # call log only: the call's span in its trace, when the gateway exports traces
+    trace: TraceContext | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,7 +105,17 @@ class CallRecord:
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CallRecord))
 # the ledger keeps each call's final outcome; the per-attempt detail is in the call log
 CALL_LOG_ONLY = frozenset(
-    {"attempt_log", "adjustments", "miss_at", "error_message", "restore_failure", "conversation"}
+    {
+        "attempt_log",
+        "adjustments",
+        "miss_at",
+        "error_message",
+        "restore_failure",
+        "conversation",
+        "cache_write_tokens",
+        "slot",
+        "trace",
+    }
 )
 LEDGER_FIELDS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f not in CALL_LOG_ONLY)
 # a record a sink could not hold, and why

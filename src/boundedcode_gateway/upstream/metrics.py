@@ -56,6 +56,8 @@ class CallMetrics:
     completion_tokens: int | None = None
     reasoning_tokens: int | None = None
     evaluated_tokens: int | None = None
+    # the prompt tokens the provider wrote to its cache (Anthropic's cache_creation_input_tokens)
+    cache_write_tokens: int | None = None
     # how much of the prompt the server has read so far (llama.cpp's prompt progress)
     prompt_processed: int | None = None
     prefill_ms: float | None = None

@@ -66,6 +66,7 @@ def read_usage(usage: Any, metrics: CallMetrics) -> None:
     if fresh is not None or written is not None or read is not None:
         metrics.prompt_tokens = (fresh or 0) + (written or 0) + (read or 0)
         metrics.cached_tokens = read or 0
+        metrics.cache_write_tokens = written
         # what Anthropic processed rather than read from its cache
         metrics.evaluated_tokens = (fresh or 0) + (written or 0)
     output = count_or_none(usage.get("output_tokens"))
