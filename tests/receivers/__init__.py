@@ -1,0 +1,1 @@
+"""Real telemetry receivers the tests run as programs of their own (`make receivers`)."""
