@@ -199,8 +199,13 @@ class CallExport:
             self._wake.wait(min(SCHEDULE_S, max(0.0, self._metrics_due - time.monotonic())))
             self._wake.clear()
             closing, asked = self._closing, self._flushes_asked
-            while self._queue:
-                self._export(self._take())
+            # what is queued now, not what comes meanwhile: calls that trickle in wait for
+            # a batch of their own rather than each making an export
+            pending = len(self._queue)
+            while pending > 0:
+                batch = self._take(min(pending, BATCH_RECORDS))
+                pending -= len(batch)
+                self._export(batch)
                 # the interpreter back to the event loop between two batches
                 time.sleep(0)
             if self._metrics is not None and (
@@ -231,9 +236,9 @@ class CallExport:
         if result is not MetricExportResult.SUCCESS:
             self.metrics_failed += 1
 
-    def _take(self) -> list[CallRecord]:
+    def _take(self, n: int) -> list[CallRecord]:
         batch: list[CallRecord] = []
-        while self._queue and len(batch) < BATCH_RECORDS:
+        while self._queue and len(batch) < n:
             batch.append(self._queue.popleft())
         return batch
 
