@@ -19,7 +19,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from boundedcode_gateway.errors import (
     GatewayError,
@@ -31,7 +30,7 @@ from boundedcode_gateway.llama_server.pool import ServerLease
 from boundedcode_gateway.policy.retry import decide, retry_after_s
 from boundedcode_gateway.providers.base import PreparedRequest, Upstream
 from boundedcode_gateway.trace_context import TraceContext, new_span_id
-from boundedcode_gateway.upstream.http import HttpClient, UpstreamResponse, read_body
+from boundedcode_gateway.upstream.http import HttpClient, UpstreamResponse, origin, read_body
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -76,17 +75,20 @@ class AttemptLog:
             self.current["span"] = new_span_id()
         self.next_kind = "retry"
 
-    def sending(self) -> str | None:
-        """The attempt's request goes out now; its ``traceparent`` where one is passed on."""
+    def sending(self, headers: dict[str, str]) -> dict[str, str]:
+        """The attempt's request goes out now, with ``headers`` and, where the call's
+        trace is passed on, its ``traceparent`` (and the caller's ``tracestate``)."""
         current = self.current
-        if current is None:
-            return None
-        current["sent_ms"] = self._ms()
+        if current is not None:
+            current["sent_ms"] = self._ms()
         trace = self.trace
         if trace is None or not trace.propagate:
-            return None
+            return headers
         # the upstream's work is the call's child: a call sent once has no attempt span
-        return trace.header(trace.span_id)
+        out = {**headers, "traceparent": trace.header(trace.span_id)}
+        if trace.state is not None:
+            out["tracestate"] = trace.state
+        return out
 
     def end(self, status: int, code: str | None) -> None:
         """The latest attempt ended so; an attempt not begun here is counted all the same."""
@@ -101,10 +103,9 @@ class AttemptLog:
 
 
 def _host_port(root: str) -> str:
-    """host:port of a base URL (the scheme's port where it names none)."""
-    parts = urlsplit(root)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return f"{parts.hostname or ''}:{port}"
+    """host:port of a base URL, as the connection pool reads it."""
+    _, host, port = origin(root)
+    return f"{host}:{port}"
 
 
 class Attempts:
@@ -209,12 +210,7 @@ class Attempts:
                 except GatewayError as exc:
                     self.log(exc.http_status, exc.code)
                     raise
-            traceparent = log.sending()
-            headers = self._headers
-            if traceparent is not None:
-                headers = {**headers, "traceparent": traceparent}
-                if log.trace is not None and log.trace.state is not None:
-                    headers["tracestate"] = log.trace.state
+            headers = log.sending(self._headers)
             try:
                 resp = await self._http.send(
                     "POST", self.url, headers, self._body, resend_safe=p.resend_safe

@@ -53,47 +53,30 @@ CLOSE_WAIT_S = 5.0
 
 def _exporters(plan: ExportPlan) -> tuple[SpanExporter | None, MetricExporter | None]:
     """The SDK's OTLP exporters of the plan's protocol (imported only when used)."""
-    spans: SpanExporter | None = None
-    metrics: MetricExporter | None = None
+    options: list[dict[str, Any]] = [
+        {"endpoint": plan.traces_endpoint, "timeout": plan.timeout_s},
+        {"endpoint": plan.metrics_endpoint, "timeout": plan.timeout_s},
+    ]
     if plan.protocol == GRPC:
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-            OTLPMetricExporter as GrpcMetrics,
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        for given in options:
+            given["insecure"] = _insecure(given["endpoint"])
+            # gRPC metadata: pairs
+            given["headers"] = tuple(plan.headers.items()) if plan.headers is not None else None
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # type: ignore[assignment]
+            OTLPMetricExporter,
         )
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-            OTLPSpanExporter as GrpcSpans,
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[assignment]
+            OTLPSpanExporter,
         )
 
-        grpc_headers = tuple(plan.headers.items()) if plan.headers is not None else None
-        if plan.traces:
-            spans = GrpcSpans(
-                endpoint=plan.traces_endpoint,
-                insecure=_insecure(plan.traces_endpoint),
-                headers=grpc_headers,
-                timeout=plan.timeout_s,
-            )
-        if plan.metrics:
-            metrics = GrpcMetrics(
-                endpoint=plan.metrics_endpoint,
-                insecure=_insecure(plan.metrics_endpoint),
-                headers=grpc_headers,
-                timeout=plan.timeout_s,
-            )
-        return spans, metrics
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-        OTLPMetricExporter as HttpMetrics,
-    )
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-        OTLPSpanExporter as HttpSpans,
-    )
-
-    if plan.traces:
-        spans = HttpSpans(
-            endpoint=plan.traces_endpoint, headers=plan.headers, timeout=plan.timeout_s
-        )
-    if plan.metrics:
-        metrics = HttpMetrics(
-            endpoint=plan.metrics_endpoint, headers=plan.headers, timeout=plan.timeout_s
-        )
+        for given in options:
+            given["headers"] = plan.headers
+    spans = OTLPSpanExporter(**options[0]) if plan.traces else None
+    metrics = OTLPMetricExporter(**options[1]) if plan.metrics else None
     return spans, metrics
 
 
@@ -293,7 +276,6 @@ class Observability:
     record bus and the calls hand to it whatever export is current."""
 
     def __init__(self, settings: ObservabilitySettings, environ: Mapping[str, str]) -> None:
-        self._settings = settings
         # checked now, so that a configuration that cannot export does not start
         self._plan = plan_of(settings, environ)
         self._registry: CollectorRegistry | None = None
@@ -322,10 +304,7 @@ class Observability:
         """Export from now on as ``settings`` say; the export they replace is handed back
         for closing (None when they say what they said). Raises ``ValueError`` for a
         setting that cannot be applied, the running export kept."""
-        if settings == self._settings:
-            return None
         plan = plan_of(settings, environ)
-        self._settings = settings
         old = self.export
         if plan == self._plan:
             return None

@@ -630,6 +630,12 @@ def _refused(proxy: Proxy, key: _PoolKey, answer: str) -> ProxyRefused:
     )
 
 
+def origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of ``url``, the scheme's port where it names none: where a
+    request goes, as the connection pool keys it."""
+    return _pool_key(urlsplit(url))
+
+
 def _pool_key(parts: SplitResult) -> _PoolKey:
     scheme = parts.scheme or "http"
     return scheme, parts.hostname or "", parts.port or (443 if scheme == "https" else 80)
