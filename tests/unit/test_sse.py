@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -188,6 +190,61 @@ def test_any_split_reaches_the_limit_alike(data: st.DataObject) -> None:
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     assert _outcome(chunks, limit) == _outcome([stream], limit)
+
+
+def _reference(stream: bytes, limit: int) -> list[SSEEvent] | str:
+    """The WHATWG rules read a whole line at a time, with the limit on each event's lines
+    and on a last line the stream never ends: what any split of the stream must give."""
+    *ended, unended = re.split(rb"(\r\n|\r|\n)", stream)
+    events: list[SSEEvent] = []
+    data: list[bytes] = []
+    name, size = "", 0
+    for text, end in zip(ended[::2], ended[1::2], strict=True):
+        if not text:
+            if data:
+                events.append(SSEEvent(name, b"\n".join(data)))
+            data, name, size = [], "", 0
+            continue
+        size += len(text) + len(end)
+        if size > limit:
+            return "too large"
+        field, colon, value = text.partition(b":")
+        value = value[1:] if colon and value[:1] == b" " else value
+        if field == b"data":
+            data.append(value)
+        elif field == b"event":
+            name = value.decode()
+    return "too large" if size + len(unended) > limit else events
+
+
+_ANY_LINES = st.sampled_from(
+    [
+        *(b"data\n", b"data: ab\r", b"event: e\r\n", b": c\r", b"x\r", b"id: 1\n"),
+        *(b"\n", b"\r", b"\r\n", b"xy"),
+    ]
+)
+
+
+@given(st.data())
+def test_any_split_decodes_as_whole_lines_do(data: st.DataObject) -> None:
+    stream = b"".join(data.draw(st.lists(_ANY_LINES, max_size=60)))
+    limit = data.draw(st.integers(1, 80))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
+    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    assert _outcome(chunks, limit) == _reference(stream, limit)
+
+
+@pytest.mark.parametrize("pieces", [[b"data: abc\n", b"\r", b"\n"], [b"data: abc\n", b"\r", b"ab"]])
+def test_an_event_at_the_limit_ends_though_its_blank_line_comes_apart(pieces: list[bytes]) -> None:
+    decoder = SSEDecoder(max_event_bytes=10)
+    events = [event for piece in pieces for event in decoder.feed(piece)]
+    assert events == [SSEEvent("", b"abc")]
+
+
+def test_a_last_line_ended_by_cr_counts_its_own_bytes_at_the_close() -> None:
+    decoder = SSEDecoder(max_event_bytes=2)
+    assert decoder.feed(b"x\r") == []
+    assert decoder.close() == []
 
 
 def test_pending_says_whether_an_event_is_cut_short() -> None:

@@ -54,23 +54,28 @@ class SSEDecoder:
         """Consume bytes; return the events completed by them."""
         tail = self._tail
         if tail:
-            tail.append(chunk)
-            self._tail_size += len(chunk)
-            if b"\n" not in chunk and b"\r" not in chunk:
+            # a tail ending in CR has ended its line, whatever follows
+            if b"\n" not in chunk and b"\r" not in chunk and not tail[-1].endswith(b"\r"):
+                tail.append(chunk)
+                self._tail_size += len(chunk)
                 self._check()
                 return []
+            tail.append(chunk)
             buf = b"".join(tail)
             tail.clear()
             self._tail_size = 0
         else:
             buf = chunk
+        if not _may_end_or_keep(buf):
+            return self._count_only(buf)
         lines = buf.splitlines(keepends=True)
         # a last line without its terminator is incomplete; a lone trailing \r may
         # still be the first half of \r\n
         if lines and (not lines[-1].endswith((b"\n", b"\r")) or lines[-1].endswith(b"\r")):
             last = lines.pop()
             tail.append(last)
-            self._tail_size = len(last)
+            # a lone CR is a blank line in waiting: it adds nothing to the event
+            self._tail_size = 0 if last == b"\r" else len(last)
         events: list[SSEEvent] = []
         limit = self._limit
         size = self._event_size
@@ -92,6 +97,20 @@ class SSEDecoder:
         self._event_size = size
         self._check()
         return events
+
+    def _count_only(self, buf: bytes) -> list[SSEEvent]:
+        """Bytes whose lines neither end the event nor carry a field it keeps: they only
+        count toward the limit, so a flood of comments or unknown fields costs a few
+        scans of each read rather than a step per line."""
+        # a trailing CR may be the first half of CRLF: its line stays unended
+        body = buf[:-1] if buf.endswith(b"\r") else buf
+        ended = max(body.rfind(b"\n"), body.rfind(b"\r")) + 1
+        self._event_size += ended
+        if ended < len(buf):
+            self._tail.append(buf[ended:])
+            self._tail_size = len(buf) - ended
+        self._check()
+        return []
 
     @property
     def pending(self) -> bool:
@@ -122,7 +141,21 @@ class SSEDecoder:
         buf = b"".join(self._tail)
         self._tail.clear()
         self._tail_size = 0
-        return self.feed(buf + b"\n" if buf.endswith(b"\r") else buf)
+        # the same line end as one byte that cannot wait for an LF
+        return self.feed(buf[:-1] + b"\n" if buf.endswith(b"\r") else buf)
+
+
+def _may_end_or_keep(buf: bytes) -> bool:
+    """Whether ``buf`` (starting at a line's start) may hold a blank line, which ends an
+    event, or a ``data`` or ``event`` field; False only when it surely holds neither."""
+    return (
+        buf[:1] in (b"\n", b"\r")
+        or b"\n\n" in buf
+        or b"\n\r" in buf
+        or b"\r\r" in buf
+        or b"data" in buf
+        or b"event" in buf
+    )
 
 
 def encode_data(payload: bytes) -> bytes:
