@@ -79,7 +79,9 @@ def test_a_flood_of_lines_without_data_is_cut_at_the_event_limit(
     assert error["code"] == "upstream_response_too_large"
     assert "inference.upstream_limits.max_event_mib (8 MiB)" in error["message"]
     assert rss.growth < GROWTH_LIMIT, f"grew by {rss.growth / (1 << 20):.0f} MiB"
-    assert hostile.client_left.wait(5) or len(hostile.requests) == 1
+    assert len(hostile.requests) == 1
+    if kind != "gzip-empty-data":  # that flood is all written before the gateway reads it
+        assert hostile.client_left.wait(5), "the gateway read on past the limit"
     calls = gw.calls()
     assert [(c["http_status"], c["error_code"]) for c in calls] == [
         (502, "upstream_response_too_large")
