@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from boundedcode_gateway.config import ObservabilitySettings
 from boundedcode_gateway.metering.records import CallRecord
-from boundedcode_gateway.observability.export import CallExport
+from boundedcode_gateway.observability.export import EXPORT_SPANS, SCHEDULE_S, CallExport
 from boundedcode_gateway.observability.plan import plan_of
 from boundedcode_gateway.trace_context import TracePolicy
 
@@ -82,6 +82,49 @@ def test_content_kept_for_a_dropped_call_is_forgotten() -> None:
         assert export.dropped == 1 and export._forget_content("call_2") is None
     finally:
         held.release.set()
+        export.close()
+
+
+class Sizes(SpanExporter):
+    """An exporter that notes how many spans each export carried."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+        self.sent = threading.Event()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.sizes.append(len(spans))
+        self.sent.set()
+        return SpanExportResult.SUCCESS
+
+
+def test_spans_go_in_few_exports_whatever_the_calls_batches() -> None:
+    # an export costs the exporter a request, whatever it carries: calls queued at once
+    # make as few as EXPORT_SPANS allows, not one per batch of records
+    assert PLAN is not None
+    calls = EXPORT_SPANS + EXPORT_SPANS // 2
+    sizes = Sizes()
+    export = CallExport(replace(PLAN, queue_calls=1000), None, (sizes, None))
+    try:
+        for n in range(calls):
+            export.offer(_record(n))
+        assert export.flush(10)
+        # the first once EXPORT_SPANS are made (the batch that reaches it rounds it up)
+        assert len(sizes.sizes) == 2 and sizes.sizes[0] >= EXPORT_SPANS, sizes.sizes
+        assert sum(sizes.sizes) == calls
+    finally:
+        export.close()
+
+
+def test_a_lone_call_is_sent_within_its_schedule_unasked() -> None:
+    assert PLAN is not None
+    sizes = Sizes()
+    export = CallExport(PLAN, None, (sizes, None))
+    try:
+        export.offer(_record(0))
+        assert sizes.sent.wait(SCHEDULE_S * 3)
+        assert sizes.sizes == [1]
+    finally:
         export.close()
 
 

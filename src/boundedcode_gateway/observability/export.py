@@ -26,6 +26,7 @@ from opentelemetry.sdk.metrics.export import (
     ScopeMetrics,
 )
 from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client import CollectorRegistry
@@ -42,10 +43,14 @@ from boundedcode_gateway.observability.spans import SpanMaker
 log = logging.getLogger(__name__)
 
 SCOPE = InstrumentationScope("boundedcode_gateway", __version__)
-# records made into spans and sent in one export: a small batch, so that the export
-# thread holds the interpreter in short stretches (its encoding is pure Python)
+# records made into spans at a time: a small batch, so that the export thread holds the
+# interpreter in short stretches (the work is pure Python)
 BATCH_RECORDS = 32
-# how long a record may wait for others before its batch goes
+# spans sent in one export: a request costs the exporter about 0.75 ms of CPU whatever
+# it carries, so spans wait for others rather than each small batch making one; twice
+# this many cost no less CPU and hold the interpreter longer (docs/observability.md)
+EXPORT_SPANS = 128
+# how long a record, or a span made of it, may wait for others before it goes
 SCHEDULE_S = 1.0
 # what a close waits for the last batches at most
 CLOSE_WAIT_S = 5.0
@@ -132,6 +137,9 @@ class CallExport:
         self.failed = 0  # spans an export failed to deliver
         self.metrics_failed = 0  # metric exports that failed
         self._queue: deque[CallRecord] = deque()
+        # spans made and not yet sent, and since when the first of them waits
+        self._held: list[ReadableSpan] = []
+        self._held_since = 0.0
         self._content: OrderedDict[str, tuple[Any, str | None]] = OrderedDict()
         self._content_lock = threading.Lock()
         self._wake = threading.Event()
@@ -179,7 +187,7 @@ class CallExport:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(min(SCHEDULE_S, max(0.0, self._metrics_due - time.monotonic())))
+            self._wake.wait(self._next_due_s())
             self._wake.clear()
             closing, asked = self._closing, self._flushes_asked
             # what is queued now, not what comes meanwhile: calls that trickle in wait for
@@ -188,9 +196,17 @@ class CallExport:
             while pending > 0:
                 batch = self._take(min(pending, BATCH_RECORDS))
                 pending -= len(batch)
-                self._export(batch)
+                self._make(batch)
+                if len(self._held) >= EXPORT_SPANS:
+                    self._send()
                 # the interpreter back to the event loop between two batches
                 time.sleep(0)
+            if self._held and (
+                closing
+                or asked > self._flushes_done
+                or time.monotonic() >= self._held_since + SCHEDULE_S
+            ):
+                self._send()
             if self._metrics is not None and (
                 closing or asked > self._flushes_done or time.monotonic() >= self._metrics_due
             ):
@@ -225,8 +241,15 @@ class CallExport:
             batch.append(self._queue.popleft())
         return batch
 
-    def _export(self, records: Iterable[CallRecord]) -> None:
-        spans = []
+    def _next_due_s(self) -> float:
+        """How long the thread may sleep: until the metrics, or the held spans, are due."""
+        due = self._metrics_due
+        if self._held:
+            due = min(due, self._held_since + SCHEDULE_S)
+        return min(SCHEDULE_S, max(0.0, due - time.monotonic()))
+
+    def _make(self, records: Iterable[CallRecord]) -> None:
+        """Count the records' metrics and hold their spans."""
         max_chars = self.plan.content_max_chars
         for record in records:
             try:
@@ -234,10 +257,15 @@ class CallExport:
                     self._metrics.record(record)
                 content = self._forget_content(record.call_id)
                 if self._spans is not None:
-                    spans.extend(self._maker.spans(record, content, max_chars))
+                    if not self._held:
+                        self._held_since = time.monotonic()
+                    self._held.extend(self._maker.spans(record, content, max_chars))
             except Exception:
                 log.exception("observability: the call %s could not be exported", record.call_id)
-        if not spans or self._spans is None:
+
+    def _send(self) -> None:
+        spans, self._held = self._held, []
+        if self._spans is None:
             return
         try:
             result = self._spans.export(spans)
