@@ -20,6 +20,12 @@ def decode_all(chunks: list[bytes]) -> list[SSEEvent]:
     return events
 
 
+def _split(data: st.DataObject, stream: bytes, max_cuts: int) -> list[bytes]:
+    """``stream`` cut at up to ``max_cuts`` places Hypothesis draws."""
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=max_cuts)))
+    return [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+
+
 LLAMA_STREAM = (
     b'data: {"choices":[{"delta":{"role":"assistant","content":null}}]}\n\n'
     b":\n\n"  # keep-alive ping
@@ -74,8 +80,7 @@ def test_encode_data_round_trips() -> None:
 @given(st.data())
 def test_any_split_gives_the_same_events(data: st.DataObject) -> None:
     stream = data.draw(st.sampled_from([LLAMA_STREAM, ANTHROPIC_STREAM]))
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
-    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    chunks = _split(data, stream, 12)
     assert decode_all(chunks) == decode_all([stream])
 
 
@@ -124,8 +129,7 @@ def test_a_blank_line_split_after_its_cr_still_ends_the_event_at_the_end() -> No
 @given(st.data())
 def test_any_split_of_odd_framings_gives_the_same_events(data: st.DataObject) -> None:
     stream = CR_ONLY_MULTI_LINE + LLAMA_STREAM.replace(b"\n", b"\r\n")
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=20)))
-    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    chunks = _split(data, stream, 20)
     assert decode_all(chunks) == decode_all([stream])
     assert decode_all([stream])[0] == SSEEvent("delta", b'{"a":\n1}')
 
@@ -187,8 +191,7 @@ def _outcome(chunks: list[bytes], limit: int) -> list[SSEEvent] | str:
 def test_any_split_reaches_the_limit_alike(data: st.DataObject) -> None:
     stream = b"".join(data.draw(st.lists(_LINES, max_size=60)))
     limit = data.draw(st.integers(1, 80))
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
-    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    chunks = _split(data, stream, 12)
     assert _outcome(chunks, limit) == _outcome([stream], limit)
 
 
@@ -229,8 +232,7 @@ _ANY_LINES = st.sampled_from(
 def test_any_split_decodes_as_whole_lines_do(data: st.DataObject) -> None:
     stream = b"".join(data.draw(st.lists(_ANY_LINES, max_size=60)))
     limit = data.draw(st.integers(1, 80))
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
-    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    chunks = _split(data, stream, 12)
     assert _outcome(chunks, limit) == _reference(stream, limit)
 
 

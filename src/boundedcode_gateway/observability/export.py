@@ -190,6 +190,8 @@ class CallExport:
             self._wake.wait(self._next_due_s())
             self._wake.clear()
             closing, asked = self._closing, self._flushes_asked
+            # a close or a flush sends whatever is held, the metrics with it
+            now_asked = closing or asked > self._flushes_done
             # what is queued now, not what comes meanwhile: calls that trickle in wait for
             # a batch of their own rather than each making an export
             pending = len(self._queue)
@@ -201,15 +203,9 @@ class CallExport:
                     self._send()
                 # the interpreter back to the event loop between two batches
                 time.sleep(0)
-            if self._held and (
-                closing
-                or asked > self._flushes_done
-                or time.monotonic() >= self._held_since + SCHEDULE_S
-            ):
+            if self._held and (now_asked or time.monotonic() >= self._held_since + SCHEDULE_S):
                 self._send()
-            if self._metrics is not None and (
-                closing or asked > self._flushes_done or time.monotonic() >= self._metrics_due
-            ):
+            if self._metrics is not None and (now_asked or time.monotonic() >= self._metrics_due):
                 self._export_metrics()
                 self._metrics_due = time.monotonic() + self.plan.metrics_interval_s
             self._flushes_done = asked

@@ -55,12 +55,12 @@ class SSEDecoder:
         tail = self._tail
         if tail:
             # a tail ending in CR has ended its line, whatever follows
-            if b"\n" not in chunk and b"\r" not in chunk and not tail[-1].endswith(b"\r"):
-                tail.append(chunk)
+            ended = tail[-1].endswith(b"\r")
+            tail.append(chunk)
+            if not ended and b"\n" not in chunk and b"\r" not in chunk:
                 self._tail_size += len(chunk)
                 self._check()
                 return []
-            tail.append(chunk)
             buf = b"".join(tail)
             tail.clear()
             self._tail_size = 0
